@@ -1,0 +1,69 @@
+// Row normalization family: rms_norm, fused_add_rms_norm, layer_norm.
+//
+// Every op normalizes each row of a [rows, cols] matrix whose last dim is contiguous and
+// whose rows may be strided (a slice or view of a wider tensor). Math is fp32: inputs are
+// loaded, computed in fp32 and rounded once on store.
+#pragma once
+
+#include <cstdint>
+
+#include "ltx_kernels/types.h"
+
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ltx_kernels {
+
+enum class NormType : int32_t {
+  kRms = 0,    // x * rsqrt(mean(x^2) + eps)
+  kLayer = 1,  // (x - mean) * rsqrt(var + eps), biased variance
+};
+
+struct NormParams {
+  NormType type = NormType::kRms;
+  DType dtype = DType::kFloat32;  // of every tensor below
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float eps = 1e-6f;
+
+  const void* x = nullptr;  // [rows, cols], row stride x_row_stride (elements)
+  int64_t x_row_stride = 0;
+
+  // Optional: when set, the op normalizes h = x + residual, rounded to dtype, and stores
+  // that same rounded h to residual_out (which may alias residual: update in place).
+  const void* residual = nullptr;  // [rows, cols]
+  int64_t residual_row_stride = 0;
+  void* residual_out = nullptr;  // [rows, cols]
+  int64_t residual_out_row_stride = 0;
+
+  const void* weight = nullptr;  // [cols] optional: out *= (weight + weight_offset)
+  float weight_offset = 0.0f;    // 1 for Gemma's (1 + weight)
+  const void* bias = nullptr;    // [cols] optional, layer norm only: out += bias
+
+  void* out = nullptr;  // [rows, cols]
+  int64_t out_row_stride = 0;
+};
+
+ValidationError validate(const NormParams& p);
+
+// Plain CPU implementation: the oracle for tests and the CPU dispatch of the torch ops.
+void reference(const NormParams& p);
+
+// How the CUDA launcher maps rows to threads; exposed so tests can check the planning.
+constexpr int kMaxCachedThreads = 512;
+constexpr int kMaxStreamedThreads = 1024;
+struct NormLaunchPlan {
+  int vec = 1;              // elements per vector access (16 bytes when aligned, else 1)
+  int items = 0;            // vectors kept in registers per thread; 0 = row too long, re-read
+  int threads_per_row = 32; // multiple of 32: <= 512 when items > 0, else 1024
+  int rows_per_block = 1;
+  int64_t blocks = 0;
+};
+NormLaunchPlan plan_norm(const NormParams& p);
+
+#ifdef LTX_KERNELS_WITH_CUDA
+cudaError_t launch(const NormParams& p, cudaStream_t stream);
+#endif
+
+}  // namespace ltx_kernels

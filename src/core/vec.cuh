@@ -1,0 +1,66 @@
+// Vectors of N elements loaded and stored as one access (16 bytes when N * sizeof(T) == 16).
+// Callers guarantee alignment (the launchers check pointers and strides before choosing N > 1).
+#pragma once
+
+#include <cstdint>
+
+#include "core/convert.cuh"
+
+namespace ltx_kernels::core {
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Widened copy of a vector, for fp32 math.
+template <int N>
+struct Floats {
+  float v[N];
+};
+
+// Builtin type of the same size as a vector: the cache-hint intrinsics take only those.
+template <int BYTES>
+struct Raw;
+template <>
+struct Raw<16> { using type = uint4; };
+template <>
+struct Raw<8> { using type = uint2; };
+template <>
+struct Raw<4> { using type = unsigned int; };
+template <>
+struct Raw<2> { using type = unsigned short; };
+
+template <typename T, int N>
+__device__ __forceinline__ Floats<N> widen(const typename Raw<sizeof(T) * N>::type& raw) {
+  Vec<T, N> vec;
+  memcpy(&vec, &raw, sizeof(vec));
+  Floats<N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) out.v[i] = to_float(vec.v[i]);
+  return out;
+}
+
+// Data read once (activations): cache-streaming, evicted first.
+template <typename T, int N>
+__device__ __forceinline__ Floats<N> load_stream(const T* ptr) {
+  using R = typename Raw<sizeof(T) * N>::type;
+  return widen<T, N>(__ldcs(reinterpret_cast<const R*>(ptr)));
+}
+
+// Read-only data reused across rows (weights): the read-only cache path, kept cached.
+template <typename T, int N>
+__device__ __forceinline__ Floats<N> load_cached(const T* ptr) {
+  using R = typename Raw<sizeof(T) * N>::type;
+  return widen<T, N>(__ldg(reinterpret_cast<const R*>(ptr)));
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store(T* ptr, const Floats<N>& f) {
+  Vec<T, N> raw;
+#pragma unroll
+  for (int i = 0; i < N; ++i) raw.v[i] = from_float<T>(f.v[i]);
+  *reinterpret_cast<Vec<T, N>*>(ptr) = raw;
+}
+
+}  // namespace ltx_kernels::core

@@ -1,0 +1,48 @@
+// CPU reference of the norm family: the formulas of norm.h, accumulated in double.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ltx_kernels/norm.h"
+#include "reference/convert.h"
+
+namespace ltx_kernels {
+
+void reference(const NormParams& p) {
+  if (ValidationError error = validate(p)) throw std::invalid_argument(error);
+  using host::load;
+  using host::store;
+  std::vector<float> h(static_cast<size_t>(p.cols));
+  for (int64_t row = 0; row < p.rows; ++row) {
+    for (int64_t c = 0; c < p.cols; ++c) {
+      float v = load(p.x, row * p.x_row_stride + c, p.dtype);
+      if (p.residual) {
+        v = host::round_to(v + load(p.residual, row * p.residual_row_stride + c, p.dtype),
+                                p.dtype);
+      }
+      h[c] = v;
+    }
+    // Write the new residual only after reading the whole row: residual_out may alias it.
+    if (p.residual_out) {
+      for (int64_t c = 0; c < p.cols; ++c)
+        store(p.residual_out, row * p.residual_out_row_stride + c, p.dtype, h[c]);
+    }
+    double mean = 0.0;
+    if (p.type == NormType::kLayer) {
+      for (float v : h) mean += v;
+      mean /= static_cast<double>(p.cols);
+    }
+    double sq = 0.0;
+    for (float v : h) sq += (v - mean) * (v - mean);
+    const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(p.cols) + p.eps);
+    for (int64_t c = 0; c < p.cols; ++c) {
+      double y = (h[c] - mean) * rstd;
+      if (p.weight) y *= static_cast<double>(load(p.weight, c, p.dtype)) + p.weight_offset;
+      if (p.bias) y += load(p.bias, c, p.dtype);
+      store(p.out, row * p.out_row_stride + c, p.dtype, static_cast<float>(y));
+    }
+  }
+}
+
+}  // namespace ltx_kernels

@@ -1,0 +1,69 @@
+// Helpers shared by the torch bindings: argument checks that name the tensor, the view of a
+// tensor as a [rows, cols] matrix with strided rows, and running an op on the right device.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "ltx_kernels/types.h"
+
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ltx_kernels::torch_ext {
+
+DType to_dtype(at::ScalarType type);
+
+// x is float32/float16/bfloat16 with at least one dim and a contiguous last dim.
+void check_activation(const at::Tensor& x, const char* name);
+
+// t has x's dtype, device and shape (x is called `x_name` in the messages).
+void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, const char* x_name);
+
+// Optional per-channel vector ([cols], like weight or bias) matching x's dtype, device and
+// last dim; returned contiguous.
+std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
+                                         const at::Tensor& x, const char* x_name);
+
+// Pointer of an optional tensor, nullptr when absent.
+inline const void* data_or_null(const std::optional<at::Tensor>& t) {
+  return t ? t->const_data_ptr() : nullptr;
+}
+
+// A tensor seen as [rows, cols] with a contiguous last dim and a uniform row stride.
+struct Rows {
+  at::Tensor tensor;  // the input itself, or an explicit contiguous copy
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+};
+
+// Row stride when t's leading dims collapse into one (slices of a wider last dim do),
+// std::nullopt otherwise. t's last dim must be contiguous.
+std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
+
+// t as rows, copying it (explicitly, to a contiguous tensor) only when the leading dims
+// do not collapse into one row stride.
+Rows as_rows(const at::Tensor& t);
+
+// Runs the op's CPU reference for CPU tensors, or its CUDA launcher on x's device and
+// current stream. `launch` and `reference` are overloaded on the params type.
+template <typename Params>
+void run(const Params& p, const at::Tensor& x, const char* op) {
+  if (x.device().is_cpu()) {
+    reference(p);
+    return;
+  }
+#ifdef LTX_KERNELS_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t error = launch(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
+  TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));
+#else
+  TORCH_CHECK(false, op, ": ltx_kernels was built without CUDA; got a tensor on ", x.device());
+#endif
+}
+
+}  // namespace ltx_kernels::torch_ext
