@@ -1,0 +1,59 @@
+"""Shared test helpers: devices, dtypes, the one tolerance table, input builders."""
+
+import pytest
+import torch
+
+import ltx_kernels  # noqa: F401  (loads the ops)
+
+HAS_CUDA = torch.cuda.is_available()
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# ||out - ref|| / ||ref|| allowed per output dtype, against an fp64 reference on the same
+# (rounded) inputs: one rounding of the output plus fp32 accumulation.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+HIDDEN_SIZES = [1, 7, 111, 769, 2048, 4096, 5125, 8192, 16384]
+ROW_COUNTS = [0, 1, 3, 67]
+
+# How an input is laid out in memory: a plain tensor, rows that are a slice of a wider
+# tensor, a slice starting one element in (so not 16-byte aligned), and leading dims that
+# do not collapse into one row stride (the op must copy).
+LAYOUTS = ["contiguous", "row_strided", "misaligned", "non_collapsible"]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64; NaN or inf anywhere fails."""
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(out64).all(), "non-finite values in the output"
+    denom = ref64.norm().item()
+    return (out64 - ref64).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    err = rel_err(out, ref)
+    assert err <= TOLERANCE[dtype] * scale, f"relative error {err:.3g} > {TOLERANCE[dtype] * scale:.3g}"
+
+
+def make_rows(rows: int, hidden: int, dtype, device, layout: str = "contiguous") -> torch.Tensor:
+    """Fresh random normals: `rows` rows of `hidden`, laid out as asked.
+
+    Shape [rows, hidden], except non_collapsible: [2, rows / 2, hidden] for even rows.
+    """
+    if layout == "contiguous":
+        return torch.randn(rows, hidden, dtype=dtype, device=device)
+    if layout == "row_strided":
+        return torch.randn(rows, 3 * hidden + 8, dtype=dtype, device=device)[:, 8 : 8 + hidden]
+    if layout == "misaligned":
+        return torch.randn(rows, hidden + 1, dtype=dtype, device=device)[:, 1:]
+    if layout == "non_collapsible":
+        # A [S, B, D] tensor read as [B, S, D], B = 2: no single row stride.
+        b = 2 if rows % 2 == 0 and rows > 0 else 1
+        base = torch.randn(rows // b, b, hidden, dtype=dtype, device=device)
+        return base.transpose(0, 1)
+    raise ValueError(layout)
