@@ -1,0 +1,190 @@
+// Host-side tests of the norm family: CPU reference vs known values, validation, planning.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ltx_kernels/norm.h"
+#include "reference/convert.h"
+
+namespace ltx_kernels {
+namespace {
+
+NormParams rows_params(NormType type, const std::vector<float>& x, std::vector<float>& out,
+                       int64_t rows, int64_t cols) {
+  NormParams p;
+  p.type = type;
+  p.dtype = DType::kFloat32;
+  p.rows = rows;
+  p.cols = cols;
+  p.x = x.data();
+  p.x_row_stride = cols;
+  p.out = out.data();
+  p.out_row_stride = cols;
+  return p;
+}
+
+TEST(NormReference, RmsNormKnownValues) {
+  // mean(x^2) of [1, 2, 3, 4] is 7.5.
+  const std::vector<float> x = {1, 2, 3, 4};
+  const std::vector<float> w = {1, 2, 0.5f, -1};
+  std::vector<float> out(4);
+  NormParams p = rows_params(NormType::kRms, x, out, 1, 4);
+  p.eps = 0.0f;
+  p.weight = w.data();
+  reference(p);
+  const double r = 1.0 / std::sqrt(7.5);
+  EXPECT_NEAR(out[0], 1 * r * 1, 1e-6);
+  EXPECT_NEAR(out[1], 2 * r * 2, 1e-6);
+  EXPECT_NEAR(out[2], 3 * r * 0.5, 1e-6);
+  EXPECT_NEAR(out[3], 4 * r * -1, 1e-6);
+}
+
+TEST(NormReference, GemmaOffsetAndEps) {
+  const std::vector<float> x = {3, 4};
+  const std::vector<float> w = {0, 1};
+  std::vector<float> out(2);
+  NormParams p = rows_params(NormType::kRms, x, out, 1, 2);
+  p.eps = 0.5f;  // mean(x^2) = 12.5 -> rsqrt(13)
+  p.weight = w.data();
+  p.weight_offset = 1.0f;
+  reference(p);
+  EXPECT_NEAR(out[0], 3 / std::sqrt(13.0) * 1, 1e-6);
+  EXPECT_NEAR(out[1], 4 / std::sqrt(13.0) * 2, 1e-6);
+}
+
+TEST(NormReference, LayerNormKnownValuesWithStridedRows) {
+  // Two rows of 3 inside rows of 5: the last two columns must be ignored.
+  const std::vector<float> x = {1, 2, 3, 99, 99, 10, 10, 13, 99, 99};
+  const std::vector<float> bias = {1, 1, 1};
+  std::vector<float> out(6, NAN);
+  NormParams p = rows_params(NormType::kLayer, x, out, 2, 3);
+  p.x_row_stride = 5;
+  p.eps = 0.0f;
+  p.bias = bias.data();
+  reference(p);
+  const double s = std::sqrt(2.0 / 3.0);  // row 0: mean 2, var 2/3
+  EXPECT_NEAR(out[0], -1 / s + 1, 1e-6);
+  EXPECT_NEAR(out[1], 1, 1e-6);
+  EXPECT_NEAR(out[2], 1 / s + 1, 1e-6);
+  EXPECT_NEAR(out[3], -1 / std::sqrt(2.0) + 1, 1e-6);  // row 1: mean 11, var 2
+  EXPECT_NEAR(out[5], 2 / std::sqrt(2.0) + 1, 1e-6);
+}
+
+TEST(NormReference, FusedAddRoundsResidualToDtypeInPlace) {
+  using host::float_to_bf16;
+  // 1 + 2^-9 is not a bf16: the new residual rounds to 1, and the norm uses that.
+  std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(2.0f)};
+  std::vector<uint16_t> residual = {float_to_bf16(0.001953125f), float_to_bf16(0.0f)};
+  std::vector<uint16_t> out(2);
+  NormParams p;
+  p.dtype = DType::kBFloat16;
+  p.rows = 1;
+  p.cols = 2;
+  p.eps = 0.0f;
+  p.x = x.data();
+  p.residual = residual.data();
+  p.residual_out = residual.data();  // in place
+  p.out = out.data();
+  p.x_row_stride = p.residual_row_stride = p.residual_out_row_stride = p.out_row_stride = 2;
+  reference(p);
+  EXPECT_EQ(host::bf16_to_float(residual[0]), 1.0f);
+  EXPECT_EQ(host::bf16_to_float(residual[1]), 2.0f);
+  const double r = 1.0 / std::sqrt(2.5);
+  EXPECT_NEAR(host::bf16_to_float(out[0]), r, 4e-3);
+  EXPECT_NEAR(host::bf16_to_float(out[1]), 2 * r, 8e-3);
+}
+
+TEST(Convert, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(host::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(host::float_to_bf16(1.00390625f), 0x3f80);  // halfway, even stays
+  EXPECT_EQ(host::float_to_bf16(1.01171875f), 0x3f82);  // halfway, odd rounds up
+  EXPECT_TRUE(std::isnan(host::bf16_to_float(host::float_to_bf16(NAN))));
+  EXPECT_EQ(host::round_to(65520.0f, DType::kFloat16), INFINITY);
+  EXPECT_EQ(host::round_to(1.0f + 1e-4f, DType::kFloat16), 1.0f);
+}
+
+TEST(NormValidate, RejectsBadParams) {
+  std::vector<float> x(8), out(8);
+  NormParams p = rows_params(NormType::kRms, x, out, 2, 4);
+  EXPECT_EQ(validate(p), nullptr);
+  NormParams bad = p;
+  bad.cols = 0;
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.out_row_stride = 3;
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.residual = x.data();  // without residual_out
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.bias = x.data();  // bias on an RMS norm
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.eps = -1.0f;
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.eps = NAN;
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.x = nullptr;
+  EXPECT_NE(validate(bad), nullptr);
+  bad.rows = 0;  // nothing to read: null pointers are fine
+  EXPECT_EQ(validate(bad), nullptr);
+}
+
+NormParams plan_params(DType dtype, int64_t cols, uintptr_t x_addr = 0x1000,
+                       int64_t stride = -1) {
+  NormParams p;
+  p.dtype = dtype;
+  p.rows = 1000;
+  p.cols = cols;
+  p.x = reinterpret_cast<const void*>(x_addr);
+  p.out = reinterpret_cast<void*>(0x2000);
+  p.x_row_stride = stride < 0 ? cols : stride;
+  p.out_row_stride = cols;
+  return p;
+}
+
+TEST(NormPlan, VectorizesOnlyWhenAligned) {
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2048)).vec, 8);
+  EXPECT_EQ(plan_norm(plan_params(DType::kFloat32, 2048)).vec, 4);
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2047)).vec, 1);          // odd size
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2048, 0x1002)).vec, 1);  // misaligned
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2048, 0x1000, 2052)).vec, 1);
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2048, 0x1000, 6144)).vec, 8);
+}
+
+TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
+  const NormLaunchPlan ltx = plan_norm(plan_params(DType::kBFloat16, 2048));
+  EXPECT_EQ(ltx.items, 4);
+  EXPECT_EQ(ltx.threads_per_row, 64);
+  EXPECT_EQ(ltx.rows_per_block, 4);
+  EXPECT_EQ(ltx.blocks, 250);
+  const NormLaunchPlan tiny = plan_norm(plan_params(DType::kFloat32, 7));
+  EXPECT_EQ(tiny.threads_per_row, 32);
+  EXPECT_EQ(tiny.items, 1);
+  EXPECT_EQ(tiny.rows_per_block, 8);
+  const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 16384));
+  EXPECT_EQ(largest.items, 4);
+  EXPECT_EQ(largest.threads_per_row, kMaxCachedThreads);
+  const NormLaunchPlan streamed = plan_norm(plan_params(DType::kBFloat16, 32768));
+  EXPECT_EQ(streamed.items, 0);
+  EXPECT_EQ(streamed.threads_per_row, kMaxStreamedThreads);
+  EXPECT_EQ(streamed.rows_per_block, 1);
+  // Every row is covered: threads * items * vec >= cols whenever the row is cached.
+  for (int64_t cols = 1; cols <= 20000; cols += 37) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+      const NormLaunchPlan plan = plan_norm(plan_params(dtype, cols));
+      EXPECT_EQ(plan.threads_per_row % 32, 0);
+      if (plan.items > 0) {
+        EXPECT_GE(int64_t{plan.threads_per_row} * plan.items * plan.vec, cols) << cols;
+        EXPECT_LE(plan.items * plan.vec, 32);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ltx_kernels

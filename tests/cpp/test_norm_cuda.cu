@@ -1,0 +1,127 @@
+// CUDA kernels of the norm family vs the CPU reference; skipped without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "ltx_kernels/norm.h"
+#include "reference/convert.h"
+
+namespace ltx_kernels {
+namespace {
+
+bool has_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// Device copy of a host buffer, freed on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(const std::vector<uint8_t>& host) : bytes(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<uint8_t> to_host() const {
+    std::vector<uint8_t> host(bytes);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+};
+
+std::vector<uint8_t> random_buffer(int64_t count, DType dtype, std::mt19937& rng) {
+  std::vector<uint8_t> buf(count * dtype_size(dtype));
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < count; ++i) host::store(buf.data(), i, dtype, normal(rng));
+  return buf;
+}
+
+struct Case {
+  NormType type;
+  DType dtype;
+  int64_t rows, cols, stride;
+  bool residual, weight, bias;
+};
+
+// Runs one case on both sides and compares ||gpu - cpu|| / ||cpu|| per output.
+void check_case(const Case& c) {
+  std::mt19937 rng(static_cast<unsigned>(c.rows * 7919 + c.cols));
+  const int64_t in_count = c.rows * c.stride;
+  const int64_t out_count = c.rows * c.cols;
+  const auto x = random_buffer(in_count, c.dtype, rng);
+  const auto res = random_buffer(in_count, c.dtype, rng);
+  const auto w = random_buffer(c.cols, c.dtype, rng);
+  const auto b = random_buffer(c.cols, c.dtype, rng);
+  // Poison outputs (NaN bytes) so unwritten elements fail.
+  std::vector<uint8_t> out(out_count * dtype_size(c.dtype), 0xff);
+  std::vector<uint8_t> res_out(out.size(), 0xff);
+
+  NormParams p;
+  p.type = c.type;
+  p.dtype = c.dtype;
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.x_row_stride = p.residual_row_stride = c.stride;
+  p.out_row_stride = p.residual_out_row_stride = c.cols;
+  p.eps = 1e-5f;
+
+  DeviceBuffer dx(x), dres(res), dw(w), db(b), dout(out), dres_out(res_out);
+  p.x = dx.ptr;
+  p.out = dout.ptr;
+  if (c.residual) p.residual = dres.ptr, p.residual_out = dres_out.ptr;
+  if (c.weight) p.weight = dw.ptr;
+  if (c.bias) p.bias = db.ptr;
+  ASSERT_EQ(launch(p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto gpu_out = dout.to_host();
+  const auto gpu_res = dres_out.to_host();
+
+  p.x = x.data();
+  p.out = out.data();
+  if (c.residual) p.residual = res.data(), p.residual_out = res_out.data();
+  if (c.weight) p.weight = w.data();
+  if (c.bias) p.bias = b.data();
+  reference(p);
+
+  const double tol = c.dtype == DType::kFloat32 ? 1e-5 : c.dtype == DType::kFloat16 ? 2e-3 : 1e-2;
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < out_count; ++i) {
+    const double g = host::load(gpu_out.data(), i, c.dtype);
+    const double r = host::load(out.data(), i, c.dtype);
+    ASSERT_TRUE(std::isfinite(g)) << "element " << i << " not written or not finite";
+    diff += (g - r) * (g - r);
+    norm += r * r;
+  }
+  EXPECT_LE(std::sqrt(diff / norm), tol) << "rows " << c.rows << " cols " << c.cols;
+  if (c.residual) EXPECT_EQ(gpu_res, res_out) << "new residual differs from x + residual";
+}
+
+TEST(NormCuda, MatchesReference) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t cols : {1, 7, 111, 769, 2048, 4096, 5125, 16384, 32768}) {
+      for (int64_t rows : {1, 3, 67}) {
+        const int64_t stride = cols + (rows == 3 ? 8 : 0);  // strided rows, still aligned
+        check_case({NormType::kRms, dtype, rows, cols, stride, false, true, false});
+        check_case({NormType::kRms, dtype, rows, cols, stride, true, rows != 1, false});
+        check_case({NormType::kLayer, dtype, rows, cols, stride, false, true, true});
+      }
+    }
+  }
+}
+
+TEST(NormCuda, RefusesInvalidParams) {
+  if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
+  NormParams p;
+  p.rows = 1;
+  p.cols = 0;
+  EXPECT_EQ(launch(p, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace ltx_kernels
