@@ -1,0 +1,61 @@
+"""Micro-benchmark: ``python -m ltx_kernels.bench`` (or ``ltx-kernels bench``).
+
+Times every op against PyTorch eager, torch.compile of the same eager code and Liger-Kernel
+(when installed) at the shapes of shared/ANCHORS.md and at small row counts, prints a
+markdown table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ltx_kernels.bench import harness, norm
+
+# (label, rows, hidden): LTX-2B at 49 and 161 frames with CFG, an 8B-class LLM prefill,
+# and latency-bound small batches (decode, a single image).
+SHAPES = [
+    ("ltx49f 5376x2048", 5376, 2048),
+    ("ltx161f 16128x2048", 16128, 2048),
+    ("llm 8192x4096", 8192, 4096),
+    ("small 1x4096", 1, 4096),
+    ("small 8x4096", 8, 4096),
+    ("small 64x2048", 64, 2048),
+]
+IMPLS = ["ltx_kernels", "eager", "compile", "liger"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ltx-kernels bench", description=__doc__)
+    parser.add_argument("--json", help="write results to this JSON file")
+    parser.add_argument("--markdown", help="write the table to this markdown file")
+    parser.add_argument("--ops", nargs="*", help="only these ops (default: all)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ltx-kernels bench needs a CUDA device", file=sys.stderr)
+        return 2
+
+    copy_gbs = harness.copy_bandwidth_gbs()
+    meta = harness.device_meta(copy_gbs)
+    print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
+    cases = norm.cases(SHAPES)
+    if args.ops:
+        cases = [c for c in cases if c.op in args.ops]
+    results = harness.run_cases(cases, copy_gbs)
+    table = harness.markdown_table(results, IMPLS)
+    header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
+              "bf16, us (% of copy bandwidth), do_bench median, L2 flushed.\n\n")
+    print()
+    print(header + table)
+    if args.json:
+        harness.write_json(args.json, meta, results)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Timing and reporting shared by the micro-benchmarks.
+
+Method (shared/DESIGN.md section 5): `triton.testing.do_bench` median with the L2 flushed
+between runs; bytes that must move (each input read once, each output written once) over
+time, as a percentage of a large device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Callable
+
+import torch
+
+
+def bench_us(fn: Callable[[], object]) -> float:
+    """Median time of fn in microseconds (L2 flushed before each run)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def copy_bandwidth_gbs(gib: float = 2.0) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    n = int(gib * 2**30) // 4
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    us = bench_us(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / us / 1e3
+
+
+@dataclasses.dataclass
+class Case:
+    """One op at one shape, with every implementation to compare."""
+
+    op: str
+    shape: str  # label, e.g. "ltx161f 16128x2048"
+    bytes_moved: int
+    impls: dict[str, Callable[[], object]]  # "ltx_kernels" first, then the anchors
+    check: Callable[[], float] | None = None  # relative error of ours vs eager
+
+
+@dataclasses.dataclass
+class Result:
+    op: str
+    shape: str
+    impl: str
+    us: float
+    gbs: float
+    pct_copy: float
+
+
+def run_cases(cases: list[Case], copy_gbs: float, log=print) -> list[Result]:
+    results = []
+    for case in cases:
+        if case.check is not None:
+            err = case.check()
+            if not err <= 2e-2:
+                raise AssertionError(f"{case.op} {case.shape}: ltx_kernels differs from eager ({err:.3g})")
+        for impl, fn in case.impls.items():
+            try:
+                us = bench_us(fn)
+            except Exception as exc:  # an anchor that cannot run this case is reported, not fatal
+                log(f"  {case.op} {case.shape} {impl}: failed ({type(exc).__name__}: {exc})")
+                continue
+            gbs = case.bytes_moved / us / 1e3
+            results.append(Result(case.op, case.shape, impl, us, gbs, 100 * gbs / copy_gbs))
+        log(f"  {case.op:<28} {case.shape:<22} " + "  ".join(
+            f"{r.impl}={r.us:.1f}us" for r in results if r.op == case.op and r.shape == case.shape))
+    return results
+
+
+def markdown_table(results: list[Result], impls: list[str]) -> str:
+    """One row per (op, shape): each impl's us (% of copy), and ours vs the best anchor."""
+    rows: dict[tuple[str, str], dict[str, Result]] = {}
+    for r in results:
+        rows.setdefault((r.op, r.shape), {})[r.impl] = r
+    head = "| op | shape | " + " | ".join(impls) + " | speed-up vs best anchor |"
+    lines = [head, "|" + "---|" * (len(impls) + 3)]
+    for (op, shape), by_impl in rows.items():
+        cells = []
+        for impl in impls:
+            r = by_impl.get(impl)
+            cells.append(f"{r.us:.1f} us ({r.pct_copy:.0f}%)" if r else "-")
+        ours = by_impl.get("ltx_kernels")
+        anchors = [r.us for name, r in by_impl.items() if name != "ltx_kernels"]
+        speedup = f"{min(anchors) / ours.us:.2f}x" if ours and anchors else "-"
+        lines.append(f"| {op} | {shape} | " + " | ".join(cells) + f" | {speedup} |")
+    return "\n".join(lines)
+
+
+def write_json(path: str, meta: dict, results: list[Result]) -> None:
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+
+
+def device_meta(copy_gbs: float) -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_gbs": round(copy_gbs, 1),
+    }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
+#   bash scripts/gpu_check.sh [OUT_DIR]
+# Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
+# present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
+# GoogleTest source tree in .gtest/ (used when no system GoogleTest is found).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/ltx_kernels_out}}
+mkdir -p "$out"
+status=0
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+
+echo "== build (pip install --no-build-isolation .)"
+python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 || exit 1
+
+echo "== C++ tests (GoogleTest, CUDA kernels vs CPU reference)"
+gtest_flag=()
+[ -d .gtest ] && gtest_flag=(-DLTX_KERNELS_GTEST_SOURCE="$PWD/.gtest")
+if cmake -S . -B build/cpp -G Ninja -DLTX_KERNELS_TORCH=OFF -DLTX_KERNELS_TESTS=ON \
+     -DLTX_KERNELS_CUDA=ON "${gtest_flag[@]}" > "$out/cmake.log" 2>&1 \
+   && cmake --build build/cpp >> "$out/cmake.log" 2>&1; then
+  (cd build/cpp && ctest --output-on-failure 2>&1 | tail -15) || status=1
+else
+  tail -30 "$out/cmake.log"; status=1
+fi
+
+echo "== Python tests"
+python3 -m pytest tests/python -q -p no:cacheprovider -x 2>&1 | tee "$out/pytest.log" | tail -15
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== benchmark"
+python3 -m ltx_kernels.bench --json "$out/bench.json" --markdown "$out/bench.md" 2>&1 \
+  | tee "$out/bench.log" | tail -40 || status=1
+echo "== summary: pytest: $(tail -1 "$out/pytest.log")"
+exit $status
