@@ -31,7 +31,7 @@ else
 fi
 
 echo "== Python tests"
-python3 -m pytest tests/python -q -p no:cacheprovider -x 2>&1 | tee "$out/pytest.log" | tail -15
+python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark"
