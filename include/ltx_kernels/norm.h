@@ -51,7 +51,9 @@ ValidationError validate(const NormParams& p);
 void reference(const NormParams& p);
 
 // How the CUDA launcher maps rows to threads; exposed so tests can check the planning.
+constexpr int kTargetThreads = 256;
 constexpr int kMaxCachedThreads = 512;
+constexpr int kMaxItems = 8;
 constexpr int kMaxStreamedThreads = 1024;
 struct NormLaunchPlan {
   int vec = 1;              // elements per vector access (16 bytes when aligned, else 1)

@@ -1,5 +1,7 @@
 // Vectors of N elements loaded and stored as one access (16 bytes when N * sizeof(T) == 16).
 // Callers guarantee alignment (the launchers check pointers and strides before choosing N > 1).
+// Vectors stay in their storage dtype (half the registers of fp32 for 16-bit types) and are
+// widened to fp32 for math.
 #pragma once
 
 #include <cstdint>
@@ -32,35 +34,53 @@ template <>
 struct Raw<2> { using type = unsigned short; };
 
 template <typename T, int N>
-__device__ __forceinline__ Floats<N> widen(const typename Raw<sizeof(T) * N>::type& raw) {
+__device__ __forceinline__ Vec<T, N> from_raw(const typename Raw<sizeof(T) * N>::type& raw) {
   Vec<T, N> vec;
   memcpy(&vec, &raw, sizeof(vec));
+  return vec;
+}
+
+// Data read once (activations): cache-streaming, evicted first.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_stream(const T* ptr) {
+  using R = typename Raw<sizeof(T) * N>::type;
+  return from_raw<T, N>(__ldcs(reinterpret_cast<const R*>(ptr)));
+}
+
+// Read-only data reused across rows (weights): the read-only cache path, kept cached.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_cached(const T* ptr) {
+  using R = typename Raw<sizeof(T) * N>::type;
+  return from_raw<T, N>(__ldg(reinterpret_cast<const R*>(ptr)));
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec) {
+  *reinterpret_cast<Vec<T, N>*>(ptr) = vec;
+}
+
+// A vector of zeros (all-zero bits are 0 in float, half and bfloat16).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> zeros() {
+  Vec<T, N> vec;
+  memset(&vec, 0, sizeof(vec));
+  return vec;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Floats<N> widen(const Vec<T, N>& vec) {
   Floats<N> out;
 #pragma unroll
   for (int i = 0; i < N; ++i) out.v[i] = to_float(vec.v[i]);
   return out;
 }
 
-// Data read once (activations): cache-streaming, evicted first.
 template <typename T, int N>
-__device__ __forceinline__ Floats<N> load_stream(const T* ptr) {
-  using R = typename Raw<sizeof(T) * N>::type;
-  return widen<T, N>(__ldcs(reinterpret_cast<const R*>(ptr)));
-}
-
-// Read-only data reused across rows (weights): the read-only cache path, kept cached.
-template <typename T, int N>
-__device__ __forceinline__ Floats<N> load_cached(const T* ptr) {
-  using R = typename Raw<sizeof(T) * N>::type;
-  return widen<T, N>(__ldg(reinterpret_cast<const R*>(ptr)));
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void store(T* ptr, const Floats<N>& f) {
-  Vec<T, N> raw;
+__device__ __forceinline__ Vec<T, N> narrow(const Floats<N>& f) {
+  Vec<T, N> out;
 #pragma unroll
-  for (int i = 0; i < N; ++i) raw.v[i] = from_float<T>(f.v[i]);
-  *reinterpret_cast<Vec<T, N>*>(ptr) = raw;
+  for (int i = 0; i < N; ++i) out.v[i] = from_float<T>(f.v[i]);
+  return out;
 }
 
 }  // namespace ltx_kernels::core

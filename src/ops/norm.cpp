@@ -1,5 +1,6 @@
 // Host-side logic of the norm family: argument validation and launch planning.
 // Plain C++ so it is unit-tested without a GPU.
+#include <algorithm>
 #include <cstdint>
 
 #include "ltx_kernels/norm.h"
@@ -43,17 +44,18 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   plan.vec = can_vectorize ? vec : 1;
   const int64_t nvec = p.cols / plan.vec;
 
-  // About 4 vectors per thread keeps several loads in flight per thread while the row stays
-  // in registers. Cached rows use at most 512 threads and 32 floats per thread, so the
-  // kernel gets 128 registers and does not spill; longer rows stream with 1024 threads.
-  constexpr int kTargetItems = 4;
-  const int max_items = plan.vec == 8 ? 4 : 8;
-  const int64_t wanted = ceil_div(ceil_div(nvec, kTargetItems), 32) * 32;
-  plan.threads_per_row = static_cast<int>(wanted > kMaxCachedThreads ? kMaxCachedThreads : wanted);
-  const int64_t need = ceil_div(nvec, plan.threads_per_row);
-  int items = 1;
-  while (items < need) items *= 2;
-  plan.items = items <= max_items ? items : 0;
+  // One vector per thread while a row fits in 256 threads (many light blocks per SM keep
+  // the memory system busy), then more vectors per thread, then up to 512 threads; rows
+  // beyond kMaxItems vectors per thread are streamed by 1024 threads.
+  const auto fit = [&](int64_t threads_cap) {
+    plan.threads_per_row = static_cast<int>(std::min(ceil_div(nvec, 32) * 32, threads_cap));
+    const int64_t need = ceil_div(nvec, plan.threads_per_row);
+    int items = 1;
+    while (items < need) items *= 2;
+    plan.items = items <= kMaxItems ? items : 0;
+  };
+  fit(kTargetThreads);
+  if (plan.items == 0) fit(kMaxCachedThreads);
   if (plan.items == 0) plan.threads_per_row = kMaxStreamedThreads;
 
   // Short rows share a block so a block still has 256 threads to hide latency with.

@@ -3,7 +3,8 @@
 // A group of threads_per_row threads owns one row. When the row fits (items > 0) it is read
 // once into registers and normalized from there: each input byte is read once and each
 // output byte written once. Longer rows are streamed twice (three times for layer norm),
-// the re-reads mostly hitting L2.
+// the re-reads mostly hitting L2. Blocks are small and light on registers so that many of
+// them share an SM and one block's loads overlap another's reduction and stores.
 #include <climits>
 
 #include "core/reduce.cuh"
@@ -15,7 +16,9 @@ namespace {
 
 using core::Floats;
 
-template <typename T, int N>
+using core::Vec;
+
+template <typename T>
 struct RowPtrs {
   const T* x;
   const T* residual;
@@ -23,9 +26,9 @@ struct RowPtrs {
   T* out;
 };
 
-template <typename T, int N>
-__device__ __forceinline__ RowPtrs<T, N> row_ptrs(const NormParams& p, int64_t row) {
-  RowPtrs<T, N> r;
+template <typename T>
+__device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row) {
+  RowPtrs<T> r;
   r.x = static_cast<const T*>(p.x) + row * p.x_row_stride;
   r.residual = p.residual ? static_cast<const T*>(p.residual) + row * p.residual_row_stride
                           : nullptr;
@@ -36,59 +39,83 @@ __device__ __forceinline__ RowPtrs<T, N> row_ptrs(const NormParams& p, int64_t r
   return r;
 }
 
-// out = (h - mean) * rstd [* (weight + offset)] [+ bias] for the N elements at column col.
+// h = x + residual rounded to T: the value stored as the new residual and normalized.
 template <typename T, int N>
-__device__ __forceinline__ void normalize_store(const NormParams& p, Floats<N> h, int64_t col,
-                                                float mean, float rstd, T* out) {
+__device__ __forceinline__ Vec<T, N> add_residual(const Vec<T, N>& x, const Vec<T, N>& res) {
+  Floats<N> h = core::widen(x);
+  const Floats<N> r = core::widen(res);
+#pragma unroll
+  for (int j = 0; j < N; ++j) h.v[j] += r.v[j];
+  return core::narrow<T>(h);
+}
+
+// (h - mean) * rstd [* (weight + offset)] [+ bias], rounded to T.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T, N>& hv,
+                                               const Vec<T, N>& wv, const Vec<T, N>& bv,
+                                               float mean, float rstd) {
+  Floats<N> h = core::widen(hv);
 #pragma unroll
   for (int j = 0; j < N; ++j) h.v[j] = (h.v[j] - mean) * rstd;
   if (p.weight) {
-    const Floats<N> w = core::load_cached<T, N>(static_cast<const T*>(p.weight) + col);
+    const Floats<N> w = core::widen(wv);
 #pragma unroll
     for (int j = 0; j < N; ++j) h.v[j] *= w.v[j] + p.weight_offset;
   }
   if (p.bias) {
-    const Floats<N> b = core::load_cached<T, N>(static_cast<const T*>(p.bias) + col);
+    const Floats<N> b = core::widen(bv);
 #pragma unroll
     for (int j = 0; j < N; ++j) h.v[j] += b.v[j];
   }
-  core::store<T, N>(out + col, h);
+  return core::narrow<T>(h);
 }
 
-// Row held in registers: ITEMS vectors of N elements per thread.
+// Row held in registers: ITEMS vectors of N elements per thread, kept in the storage dtype.
 template <typename T, int N, int ITEMS>
 __global__ void __launch_bounds__(kMaxCachedThreads) norm_cached_kernel(const NormParams p) {
   __shared__ float scratch[core::kMaxWarpsPerBlock];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < p.rows;
   const int64_t nvec = p.cols / N;
-  const RowPtrs<T, N> r = row_ptrs<T, N>(p, active ? row : 0);
-
-  // Whether vector i of this thread lies in the row (recomputed: an array of flags spills).
+  const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
+  // Element offset of this thread's vector i, and whether it lies in the row (recomputed
+  // rather than stored: an array of flags spills).
+  const auto col = [&](int i) { return (threadIdx.x + static_cast<int64_t>(i) * blockDim.x) * N; };
   const auto valid = [&](int i) { return active && threadIdx.x + i * blockDim.x < nvec; };
-  Floats<N> h[ITEMS];
+
+  Vec<T, N> h[ITEMS];
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    if (valid(i)) {
-      h[i] = core::load_stream<T, N>(r.x + (threadIdx.x + i * blockDim.x) * N);
-    } else {
-#pragma unroll
-      for (int j = 0; j < N; ++j) h[i].v[j] = 0.0f;
-    }
-  }
+  for (int i = 0; i < ITEMS; ++i)
+    h[i] = valid(i) ? core::load_stream<T, N>(r.x + col(i)) : core::zeros<T, N>();
   if (r.residual) {
-    Floats<N> res[ITEMS];
+    Vec<T, N> res[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
-      if (valid(i))
-        res[i] = core::load_stream<T, N>(r.residual + (threadIdx.x + i * blockDim.x) * N);
+      if (valid(i)) res[i] = core::load_stream<T, N>(r.residual + col(i));
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
-      // Normalize exactly the value that is stored as the new residual.
+      h[i] = add_residual(h[i], res[i]);
+      core::store(r.residual_out + col(i), h[i]);
+    }
+  }
+  // Weight and bias of vector i; up to 4 vectors per thread they are fetched before the
+  // reduction (their latency overlaps it), beyond that they would not fit in registers.
+  constexpr bool kPrefetch = ITEMS <= 4;
+  const auto weight_at = [&](int i) {
+    return p.weight ? core::load_cached<T, N>(static_cast<const T*>(p.weight) + col(i))
+                    : Vec<T, N>{};
+  };
+  const auto bias_at = [&](int i) {
+    return p.bias ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col(i)) : Vec<T, N>{};
+  };
+  Vec<T, N> w[kPrefetch ? ITEMS : 1], b[kPrefetch ? ITEMS : 1];
+  if constexpr (kPrefetch) {
 #pragma unroll
-      for (int j = 0; j < N; ++j) h[i].v[j] = core::round_to<T>(h[i].v[j] + res[i].v[j]);
-      core::store<T, N>(r.residual_out + (threadIdx.x + i * blockDim.x) * N, h[i]);
+    for (int i = 0; i < ITEMS; ++i) {
+      if (!valid(i)) continue;
+      w[i] = weight_at(i);
+      b[i] = bias_at(i);
     }
   }
 
@@ -98,28 +125,38 @@ __global__ void __launch_bounds__(kMaxCachedThreads) norm_cached_kernel(const No
   if (p.type == NormType::kLayer) {
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
+    for (int i = 0; i < ITEMS; ++i) {
+      const Floats<N> f = core::widen(h[i]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) sum += h[i].v[j];
+      for (int j = 0; j < N; ++j) sum += f.v[j];
+    }
     mean = core::row_sum(sum, scratch) * inv_cols;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-      if (valid(i))
+    for (int i = 0; i < ITEMS; ++i) {
+      if (!valid(i)) continue;
+      const Floats<N> f = core::widen(h[i]);
 #pragma unroll
-        for (int j = 0; j < N; ++j) sq += (h[i].v[j] - mean) * (h[i].v[j] - mean);
+      for (int j = 0; j < N; ++j) sq += (f.v[j] - mean) * (f.v[j] - mean);
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
+    for (int i = 0; i < ITEMS; ++i) {
+      const Floats<N> f = core::widen(h[i]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) sq += h[i].v[j] * h[i].v[j];
+      for (int j = 0; j < N; ++j) sq += f.v[j] * f.v[j];
+    }
   }
   const float rstd = rsqrtf(core::row_sum(sq, scratch) * inv_cols + p.eps);
 
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-    if (valid(i))
-      normalize_store<T, N>(p, h[i], (threadIdx.x + static_cast<int64_t>(i) * blockDim.x) * N,
-                            mean, rstd, r.out);
+  for (int i = 0; i < ITEMS; ++i) {
+    if (!valid(i)) continue;
+    if constexpr (kPrefetch) {
+      core::store(r.out + col(i), normalize(p, h[i], w[i], b[i], mean, rstd));
+    } else {
+      core::store(r.out + col(i), normalize(p, h[i], weight_at(i), bias_at(i), mean, rstd));
+    }
+  }
 }
 
 // Row too long for registers: stream it, re-reading for each pass.
@@ -129,20 +166,21 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < p.rows;
   const int64_t nvec = active ? p.cols / N : 0;
-  const RowPtrs<T, N> r = row_ptrs<T, N>(p, active ? row : 0);
+  const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
   // After the first pass the (rounded) input lives here; re-reads see this thread's stores.
   const T* h_src = r.residual ? r.residual_out : r.x;
+  const T* weight = static_cast<const T*>(p.weight);
+  const T* bias = static_cast<const T*>(p.bias);
 
   float sum = 0.0f;
   float sq = 0.0f;
   for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
-    Floats<N> h = core::load_stream<T, N>(r.x + v * N);
+    Vec<T, N> hv = core::load_stream<T, N>(r.x + v * N);
     if (r.residual) {
-      const Floats<N> res = core::load_stream<T, N>(r.residual + v * N);
-#pragma unroll
-      for (int j = 0; j < N; ++j) h.v[j] = core::round_to<T>(h.v[j] + res.v[j]);
-      core::store<T, N>(r.residual_out + v * N, h);
+      hv = add_residual(hv, core::load_stream<T, N>(r.residual + v * N));
+      core::store(r.residual_out + v * N, hv);
     }
+    const Floats<N> h = core::widen(hv);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       sum += h.v[j];
@@ -156,14 +194,18 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     mean = core::row_sum(sum, scratch) * inv_cols;
     sq = 0.0f;
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
-      const Floats<N> h = core::load_stream<T, N>(h_src + v * N);
+      const Floats<N> h = core::widen(core::load_stream<T, N>(h_src + v * N));
 #pragma unroll
       for (int j = 0; j < N; ++j) sq += (h.v[j] - mean) * (h.v[j] - mean);
     }
   }
   const float rstd = rsqrtf(core::row_sum(sq, scratch) * inv_cols + p.eps);
-  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x)
-    normalize_store<T, N>(p, core::load_stream<T, N>(h_src + v * N), v * N, mean, rstd, r.out);
+  for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+    const Vec<T, N> w = weight ? core::load_cached<T, N>(weight + v * N) : Vec<T, N>{};
+    const Vec<T, N> b = bias ? core::load_cached<T, N>(bias + v * N) : Vec<T, N>{};
+    const Vec<T, N> h = core::load_stream<T, N>(h_src + v * N);
+    core::store(r.out + v * N, normalize(p, h, w, b, mean, rstd));
+  }
 }
 
 template <typename T, int N>
@@ -175,12 +217,7 @@ cudaError_t launch_vec(const NormParams& p, const NormLaunchPlan& plan, cudaStre
     case 1: norm_cached_kernel<T, N, 1><<<grid, block, 0, stream>>>(p); break;
     case 2: norm_cached_kernel<T, N, 2><<<grid, block, 0, stream>>>(p); break;
     case 4: norm_cached_kernel<T, N, 4><<<grid, block, 0, stream>>>(p); break;
-    case 8:
-      if constexpr (N * 8 <= 32) {
-        norm_cached_kernel<T, N, 8><<<grid, block, 0, stream>>>(p);
-        break;
-      }
-      return cudaErrorInvalidConfiguration;
+    case 8: norm_cached_kernel<T, N, 8><<<grid, block, 0, stream>>>(p); break;
     default: return cudaErrorInvalidConfiguration;
   }
   return cudaGetLastError();

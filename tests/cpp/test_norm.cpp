@@ -157,19 +157,26 @@ TEST(NormPlan, VectorizesOnlyWhenAligned) {
 }
 
 TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
+  // LTX D = 2048 bf16: one 16-byte vector per thread, one row per 256-thread block.
   const NormLaunchPlan ltx = plan_norm(plan_params(DType::kBFloat16, 2048));
-  EXPECT_EQ(ltx.items, 4);
-  EXPECT_EQ(ltx.threads_per_row, 64);
-  EXPECT_EQ(ltx.rows_per_block, 4);
-  EXPECT_EQ(ltx.blocks, 250);
+  EXPECT_EQ(ltx.items, 1);
+  EXPECT_EQ(ltx.threads_per_row, 256);
+  EXPECT_EQ(ltx.rows_per_block, 1);
+  EXPECT_EQ(ltx.blocks, 1000);
+  const NormLaunchPlan llm = plan_norm(plan_params(DType::kBFloat16, 4096));
+  EXPECT_EQ(llm.items, 2);
+  EXPECT_EQ(llm.threads_per_row, 256);
   const NormLaunchPlan tiny = plan_norm(plan_params(DType::kFloat32, 7));
   EXPECT_EQ(tiny.threads_per_row, 32);
   EXPECT_EQ(tiny.items, 1);
   EXPECT_EQ(tiny.rows_per_block, 8);
-  const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 16384));
-  EXPECT_EQ(largest.items, 4);
+  EXPECT_EQ(tiny.blocks, 125);
+  // 256 threads x 8 vectors x 8 = 16384; one more vector per row needs 512 threads.
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 16384)).threads_per_row, 256);
+  const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 32768));
+  EXPECT_EQ(largest.items, kMaxItems);
   EXPECT_EQ(largest.threads_per_row, kMaxCachedThreads);
-  const NormLaunchPlan streamed = plan_norm(plan_params(DType::kBFloat16, 32768));
+  const NormLaunchPlan streamed = plan_norm(plan_params(DType::kBFloat16, 32776));
   EXPECT_EQ(streamed.items, 0);
   EXPECT_EQ(streamed.threads_per_row, kMaxStreamedThreads);
   EXPECT_EQ(streamed.rows_per_block, 1);
@@ -180,7 +187,8 @@ TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
       EXPECT_EQ(plan.threads_per_row % 32, 0);
       if (plan.items > 0) {
         EXPECT_GE(int64_t{plan.threads_per_row} * plan.items * plan.vec, cols) << cols;
-        EXPECT_LE(plan.items * plan.vec, 32);
+        EXPECT_LE(plan.items, kMaxItems);
+        EXPECT_LE(plan.threads_per_row, kMaxCachedThreads);
       }
     }
   }
