@@ -45,17 +45,17 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   const int64_t nvec = p.cols / plan.vec;
 
   // One vector per thread while a row fits in 256 threads (many light blocks per SM keep
-  // the memory system busy), then more vectors per thread, then up to 512 threads; rows
-  // beyond kMaxItems vectors per thread are streamed by 1024 threads.
-  const auto fit = [&](int64_t threads_cap) {
+  // the memory system busy), then two; longer rows take 512 threads and up to kMaxItems
+  // vectors each; rows beyond that are streamed by 1024 threads.
+  const auto fit = [&](int64_t threads_cap, int max_items) {
     plan.threads_per_row = static_cast<int>(std::min(ceil_div(nvec, 32) * 32, threads_cap));
     const int64_t need = ceil_div(nvec, plan.threads_per_row);
     int items = 1;
     while (items < need) items *= 2;
-    plan.items = items <= kMaxItems ? items : 0;
+    plan.items = items <= max_items ? items : 0;
   };
-  fit(kTargetThreads);
-  if (plan.items == 0) fit(kMaxCachedThreads);
+  fit(kTargetThreads, 2);
+  if (plan.items == 0) fit(kMaxCachedThreads, kMaxItems);
   if (plan.items == 0) plan.threads_per_row = kMaxStreamedThreads;
 
   // Short rows share a block so a block still has 256 threads to hide latency with.

@@ -1,6 +1,29 @@
 #include "torch/common.h"
 
 namespace ltx_kernels::torch_ext {
+namespace {
+
+// Messages format sizes and devices here rather than through c10's stream operators for
+// SymInt and Device: those live in libc10 and crashed (SIGSEGV) when this library was built
+// with a different GCC than torch (seen with GCC 13 against the torch 2.11 wheel).
+std::string dims_str(c10::SymIntArrayRef dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) s += ", ";
+    const std::optional<int64_t> v = dims[i].maybe_as_int();
+    s += v ? std::to_string(*v) : "symbolic";
+  }
+  return s + "]";
+}
+
+std::string dim_str(const c10::SymInt& dim) { return dims_str(c10::SymIntArrayRef(&dim, 1)); }
+
+std::string device_str(const at::Device& device) {
+  std::string s = device.is_cuda() ? "cuda" : device.is_cpu() ? "cpu" : device.is_meta() ? "meta" : "other";
+  return device.has_index() ? s + ":" + std::to_string(device.index()) : s;
+}
+
+}  // namespace
 
 DType to_dtype(at::ScalarType type) {
   switch (type) {
@@ -17,9 +40,9 @@ void check_activation(const at::Tensor& x, const char* name) {
               " must be float32, float16 or bfloat16, got ", type);
   TORCH_CHECK_VALUE(x.dim() >= 1, name, " must have at least 1 dim, got a 0-dim tensor");
   TORCH_CHECK_VALUE(x.device().is_cpu() || x.device().is_cuda() || x.device().is_meta(), name,
-              " must be on a CPU or CUDA device, got ", x.device());
+              " must be on a CPU or CUDA device, got ", device_str(x.device()));
   TORCH_CHECK_VALUE(x.sym_size(-1) <= 1 || x.sym_stride(-1) == 1, name,
-              " must have a contiguous last dim (stride 1), got strides ", x.sym_strides(),
+              " must have a contiguous last dim (stride 1), got strides ", dims_str(x.sym_strides()),
               "; call .contiguous() if this layout is intended");
 }
 
@@ -27,9 +50,9 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, cons
   TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), name, " must have the dtype of ", x_name, " (",
               x.scalar_type(), "), got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.device() == x.device(), name, " must be on the device of ", x_name, " (",
-              x.device(), "), got ", t.device());
+                    device_str(x.device()), "), got ", device_str(t.device()));
   TORCH_CHECK_VALUE(t.sym_sizes() == x.sym_sizes(), name, " must have the shape of ", x_name, " ",
-              x.sym_sizes(), ", got ", t.sym_sizes());
+                    dims_str(x.sym_sizes()), ", got ", dims_str(t.sym_sizes()));
 }
 
 std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
@@ -38,9 +61,10 @@ std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, con
   TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type(), name, " must have the dtype of ", x_name,
               " (", x.scalar_type(), "), got ", t->scalar_type());
   TORCH_CHECK_VALUE(t->device() == x.device(), name, " must be on the device of ", x_name, " (",
-              x.device(), "), got ", t->device());
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), name, " must have shape [",
-              x.sym_size(-1), "] (the last dim of ", x_name, "), got ", t->sym_sizes());
+                    device_str(x.device()), "), got ", device_str(t->device()));
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), name, " must have shape ",
+                    dim_str(x.sym_size(-1)), " (the last dim of ", x_name, "), got ",
+                    dims_str(t->sym_sizes()));
   return t->contiguous();
 }
 

@@ -62,7 +62,7 @@ void run(const Params& p, const at::Tensor& x, const char* op) {
   const cudaError_t error = launch(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
   TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));
 #else
-  TORCH_CHECK(false, op, ": ltx_kernels was built without CUDA; got a tensor on ", x.device());
+  TORCH_CHECK(false, op, ": ltx_kernels was built without CUDA support; got a non-CPU tensor");
 #endif
 }
 

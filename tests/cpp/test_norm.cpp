@@ -171,8 +171,9 @@ TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
   EXPECT_EQ(tiny.items, 1);
   EXPECT_EQ(tiny.rows_per_block, 8);
   EXPECT_EQ(tiny.blocks, 125);
-  // 256 threads x 8 vectors x 8 = 16384; one more vector per row needs 512 threads.
-  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 16384)).threads_per_row, 256);
+  // 256 threads x 2 vectors x 8 = 4096; longer rows take 512 threads.
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 4104)).threads_per_row, 512);
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 8192)).items, 2);
   const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 32768));
   EXPECT_EQ(largest.items, kMaxItems);
   EXPECT_EQ(largest.threads_per_row, kMaxCachedThreads);

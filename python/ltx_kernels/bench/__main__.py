@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write results to this JSON file")
     parser.add_argument("--markdown", help="write the table to this markdown file")
     parser.add_argument("--ops", nargs="*", help="only these ops (default: all)")
+    parser.add_argument("--shapes", nargs="*", help="only shapes whose label starts with these")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("ltx-kernels bench needs a CUDA device", file=sys.stderr)
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = harness.copy_bandwidth_gbs()
     meta = harness.device_meta(copy_gbs)
     print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
-    cases = norm.cases(SHAPES)
+    shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
+    cases = norm.cases(shapes)
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
     results = harness.run_cases(cases, copy_gbs)
