@@ -51,14 +51,13 @@ ValidationError validate(const NormParams& p);
 void reference(const NormParams& p);
 
 // How the CUDA launcher maps rows to threads; exposed so tests can check the planning.
-constexpr int kTargetThreads = 256;
-constexpr int kMaxCachedThreads = 512;
+constexpr int kMaxCachedThreads = 256;  // per block, also when rows share a block
 constexpr int kMaxItems = 8;
 constexpr int kMaxStreamedThreads = 1024;
 struct NormLaunchPlan {
   int vec = 1;              // elements per vector access (16 bytes when aligned, else 1)
   int items = 0;            // vectors kept in registers per thread; 0 = row too long, re-read
-  int threads_per_row = 32; // multiple of 32: <= 512 when items > 0, else 1024
+  int threads_per_row = 32; // multiple of 32: <= 256 when items > 0, else 1024
   int rows_per_block = 1;
   int64_t blocks = 0;
 };

@@ -13,8 +13,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 constexpr int kMaxWarpsPerBlock = 32;
 
 // Sum of v over the threadIdx.y row group, returned to every thread of the group.
-// Every thread of the block must call it (it synchronizes the block); `scratch` holds
-// kMaxWarpsPerBlock floats and may be reused by the next call.
+// Every thread of the block must call it (it synchronizes the block). `scratch` holds
+// kMaxWarpsPerBlock floats; a block that reduces more than once passes a different scratch
+// to each call, so that no barrier is needed before it is written again.
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
   v = warp_sum(v);
   const int warps_per_row = blockDim.x / 32;
@@ -22,7 +23,6 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   float* row_scratch = scratch + threadIdx.y * warps_per_row;
-  __syncthreads();  // the previous call's readers are done with scratch
   if (lane == 0) row_scratch[warp] = v;
   __syncthreads();
   float total = 0.0f;

@@ -44,22 +44,18 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   plan.vec = can_vectorize ? vec : 1;
   const int64_t nvec = p.cols / plan.vec;
 
-  // One vector per thread while a row fits in 256 threads (many light blocks per SM keep
-  // the memory system busy), then two; longer rows take 512 threads and up to kMaxItems
-  // vectors each; rows beyond that are streamed by 1024 threads.
-  const auto fit = [&](int64_t threads_cap, int max_items) {
-    plan.threads_per_row = static_cast<int>(std::min(ceil_div(nvec, 32) * 32, threads_cap));
-    const int64_t need = ceil_div(nvec, plan.threads_per_row);
-    int items = 1;
-    while (items < need) items *= 2;
-    plan.items = items <= max_items ? items : 0;
-  };
-  fit(kTargetThreads, 2);
-  if (plan.items == 0) fit(kMaxCachedThreads, kMaxItems);
+  // One vector per thread while a row fits in 256 threads, then 2, 4 or 8 vectors per
+  // thread (kernels with fewer registers keep more blocks resident); rows beyond that are
+  // streamed by 1024 threads.
+  plan.threads_per_row = static_cast<int>(std::min<int64_t>(ceil_div(nvec, 32) * 32, kMaxCachedThreads));
+  const int64_t need = ceil_div(nvec, plan.threads_per_row);
+  int items = 1;
+  while (items < need) items *= 2;
+  plan.items = items <= kMaxItems ? items : 0;
   if (plan.items == 0) plan.threads_per_row = kMaxStreamedThreads;
 
   // Short rows share a block so a block still has 256 threads to hide latency with.
-  plan.rows_per_block = plan.threads_per_row >= 256 ? 1 : 256 / plan.threads_per_row;
+  plan.rows_per_block = plan.threads_per_row >= kMaxCachedThreads ? 1 : kMaxCachedThreads / plan.threads_per_row;
   plan.blocks = ceil_div(p.rows, plan.rows_per_block);
   return plan;
 }

@@ -5,11 +5,10 @@
 // output byte written once. Longer rows are streamed twice (three times for layer norm),
 // the re-reads mostly hitting L2. Blocks are small and light on registers so that many of
 // them share an SM and one block's loads overlap another's reduction and stores.
-#include <algorithm>
-#include <atomic>
+// Occupancy was what mattered on H100 (ncu, D = 2048): persistent blocks that prefetched
+// rows through shared memory with cp.async ran slower than this at 27-32 registers.
 #include <climits>
 
-#include "core/async_copy.cuh"
 #include "core/reduce.cuh"
 #include "core/vec.cuh"
 #include "ltx_kernels/norm.h"
@@ -77,18 +76,74 @@ __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T,
 // variant needs (a residual row, a bias): runtime branches would reserve all of them.
 enum class Variant { kRms, kAddRms, kLayer };
 
-// Number of inputs read per row: x, plus the residual for kAddRms.
-template <Variant V>
-constexpr int kInputs = V == Variant::kAddRms ? 2 : 1;
+// Register budget of the cached kernel, as blocks of 256 threads that must fit on an SM
+// (65536 registers): 8 blocks = 32 registers. The plain RMS norm with one vector per thread
+// fits in 32, so a full SM of blocks is resident and their loads overlap each other's
+// reductions; variants with a residual or bias row need a little more. Measured on H100,
+// occupancy mattered more than prefetching rows through shared memory.
+template <int ITEMS, Variant V>
+constexpr int kMinBlocksPerSm =
+    ITEMS == 1   ? (V == Variant::kRms ? 8 : V == Variant::kAddRms ? 6 : 5)
+    : ITEMS == 2 ? (V == Variant::kRms ? 5 : 4)
+    : ITEMS == 4 ? (V == Variant::kLayer ? 2 : 3)
+                 : 2;
 
-// Normalizes one row held in registers (h: ITEMS vectors per thread, in storage dtype) and
-// stores it. Called by every thread of the block (it synchronizes); `active` says whether
-// this thread's row exists. affine(i, h, mean, rstd) normalizes vector i with its weight
-// and bias (kept in registers by the caller, or loaded).
-template <typename T, int N, int ITEMS, Variant V, typename InRow, typename Col, typename Affine>
-__device__ __forceinline__ void finish_row(const NormParams& p, const Vec<T, N> (&h)[ITEMS],
-                                           bool active, T* out, InRow in_row, Col col,
-                                           Affine affine, float* scratch) {
+// Up to 4 vectors per thread, weight and bias are fetched before the reduction so their
+// latency overlaps it; with 8 the registers are needed for the row and they are loaded after.
+template <int ITEMS>
+constexpr bool kPrefetchAffine = ITEMS <= 4;
+
+// Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
+// row per blockDim.x threads, blockDim.y rows per block, at most kMaxCachedThreads threads.
+template <typename T, int N, int ITEMS, Variant V>
+__global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>))
+    norm_cached_kernel(const NormParams p) {
+  // One scratch per reduction, so no barrier is needed before reusing it.
+  __shared__ float scratch[2][core::kMaxWarpsPerBlock];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < p.rows;
+  const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
+  const int nvec = static_cast<int>(p.cols / N);
+  // Element offset of this thread's vector i, and whether it lies in the row (recomputed
+  // rather than stored: an array of flags spills).
+  const auto col = [&](int i) { return (threadIdx.x + i * blockDim.x) * N; };
+  const auto valid = [&](int i) { return active && threadIdx.x + i * blockDim.x < nvec; };
+
+  Vec<T, N> h[ITEMS];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+    h[i] = valid(i) ? core::load_stream<T, N>(r.x + col(i)) : core::zeros<T, N>();
+  if constexpr (V == Variant::kAddRms) {
+    Vec<T, N> res[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+      if (valid(i)) res[i] = core::load_stream<T, N>(r.residual + col(i));
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (!valid(i)) continue;
+      // Normalize exactly the value that is stored as the new residual.
+      h[i] = add_residual(h[i], res[i]);
+      core::store(r.residual_out + col(i), h[i]);
+    }
+  }
+  const auto weight_at = [&](int i) {
+    return p.weight ? core::load_cached<T, N>(static_cast<const T*>(p.weight) + col(i)) : Vec<T, N>{};
+  };
+  const auto bias_at = [&](int i) {
+    return V == Variant::kLayer && p.bias
+               ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col(i))
+               : Vec<T, N>{};
+  };
+  Vec<T, N> w[ITEMS], b[ITEMS];
+  if constexpr (kPrefetchAffine<ITEMS>) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (!valid(i)) continue;
+      w[i] = weight_at(i);
+      b[i] = bias_at(i);
+    }
+  }
+
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
   float mean = 0.0f;
   float sq = 0.0f;
@@ -100,10 +155,10 @@ __device__ __forceinline__ void finish_row(const NormParams& p, const Vec<T, N> 
 #pragma unroll
       for (int j = 0; j < N; ++j) sum += f.v[j];
     }
-    mean = core::row_sum(sum, scratch) * inv_cols;
+    mean = core::row_sum(sum, scratch[0]) * inv_cols;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      if (!in_row(i)) continue;
+      if (!valid(i)) continue;
       const Floats<N> f = core::widen(h[i]);
 #pragma unroll
       for (int j = 0; j < N; ++j) sq += (f.v[j] - mean) * (f.v[j] - mean);
@@ -116,149 +171,22 @@ __device__ __forceinline__ void finish_row(const NormParams& p, const Vec<T, N> 
       for (int j = 0; j < N; ++j) sq += f.v[j] * f.v[j];
     }
   }
-  const float rstd = rsqrtf(core::row_sum(sq, scratch) * inv_cols + p.eps);
-  if (!active) return;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-    if (in_row(i)) core::store(out + col(i), affine(i, h[i], mean, rstd));
-}
-
-// Weight and bias vector i of a thread, zeros where absent.
-template <typename T, int N, Variant V>
-__device__ __forceinline__ Vec<T, N> weight_at(const NormParams& p, int64_t col) {
-  return p.weight ? core::load_cached<T, N>(static_cast<const T*>(p.weight) + col) : Vec<T, N>{};
-}
-template <typename T, int N, Variant V>
-__device__ __forceinline__ Vec<T, N> bias_at(const NormParams& p, int64_t col) {
-  return V == Variant::kLayer && p.bias ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col)
-                                        : Vec<T, N>{};
-}
-
-// Row staged through shared memory: 16-byte vectors, ITEMS per thread. Blocks are
-// persistent (block g handles row groups g, g + gridDim.x, ...) and keep kStages - 1 row
-// groups in flight with cp.async while the current one is reduced and stored, so each SM
-// has enough bytes in flight to saturate HBM. Weight and bias are loaded once per block.
-// Shared memory: [kStages][kInputs][ITEMS][block threads] vectors; each thread copies and
-// reads back only its own slots.
-constexpr int kStages = 4;
-
-template <typename T, int N, int ITEMS, Variant V>
-__global__ void __launch_bounds__(kMaxCachedThreads) norm_staged_kernel(const NormParams p) {
-  static_assert(sizeof(Vec<T, N>) == 16, "cp.async copies 16-byte vectors");
-  extern __shared__ uint4 staged[];
-  __shared__ float scratch[core::kMaxWarpsPerBlock];
-  constexpr int kIn = kInputs<V>;
-  const int64_t nvec = p.cols / N;
-  const int64_t groups = (p.rows + blockDim.y - 1) / blockDim.y;
-  const int threads = blockDim.x * blockDim.y;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const auto col = [&](int i) { return (threadIdx.x + static_cast<int64_t>(i) * blockDim.x) * N; };
-  const auto in_row = [&](int i) { return threadIdx.x + i * blockDim.x < nvec; };
-  const auto row_of = [&](int64_t group) { return group * blockDim.y + threadIdx.y; };
-  const auto slot = [&](int stage, int input, int i) -> uint4* {
-    return staged + ((stage * kIn + input) * ITEMS + i) * threads + tid;
-  };
-  // Starts copying the inputs of row group `group` into `stage`; always commits a group so
-  // that every thread counts the same number of groups.
-  const auto issue = [&](int64_t group, int stage) {
-    const int64_t row = row_of(group);
-    if (group < groups && row < p.rows) {
-      const RowPtrs<T> r = row_ptrs<T>(p, row);
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (!in_row(i)) continue;
-        core::async_copy16(slot(stage, 0, i), r.x + col(i));
-        if constexpr (V == Variant::kAddRms) core::async_copy16(slot(stage, 1, i), r.residual + col(i));
-      }
-    }
-    core::async_commit();
-  };
-
-  int64_t group = blockIdx.x;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(group + s * gridDim.x, s);
-
-  Vec<T, N> w[ITEMS], b[ITEMS];
+  const float rstd = rsqrtf(core::row_sum(sq, scratch[1]) * inv_cols + p.eps);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    w[i] = in_row(i) ? weight_at<T, N, V>(p, col(i)) : Vec<T, N>{};
-    b[i] = in_row(i) ? bias_at<T, N, V>(p, col(i)) : Vec<T, N>{};
-  }
-  const auto affine = [&](int i, const Vec<T, N>& h, float mean, float rstd) {
-    return normalize(p, h, w[i], b[i], mean, rstd);
-  };
-
-  for (int it = 0; group < groups; group += gridDim.x, ++it) {
-    issue(group + (kStages - 1) * static_cast<int64_t>(gridDim.x), (it + kStages - 1) % kStages);
-    core::async_wait<kStages - 1>();  // this iteration's group has landed
-    const int stage = it % kStages;
-    const int64_t row = row_of(group);
-    const bool active = row < p.rows;
-    const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
-    Vec<T, N> h[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const bool valid = active && in_row(i);
-      h[i] = valid ? *reinterpret_cast<const Vec<T, N>*>(slot(stage, 0, i)) : core::zeros<T, N>();
-      if constexpr (V == Variant::kAddRms) {
-        if (valid) {
-          h[i] = add_residual(h[i], *reinterpret_cast<const Vec<T, N>*>(slot(stage, 1, i)));
-          core::store(r.residual_out + col(i), h[i]);
-        }
-      }
+    if (!valid(i)) continue;
+    if constexpr (!kPrefetchAffine<ITEMS>) {
+      w[i] = weight_at(i);
+      b[i] = bias_at(i);
     }
-    finish_row<T, N, ITEMS, V>(p, h, active, r.out, in_row, col, affine, scratch);
-  }
-  core::async_wait<0>();
-}
-
-// Row held in registers: ITEMS vectors of N elements per thread, kept in the storage dtype;
-// for rows that are not 16-byte aligned or too long to stage. Persistent like the above.
-
-template <typename T, int N, int ITEMS, Variant V>
-__global__ void __launch_bounds__(kMaxCachedThreads) norm_cached_kernel(const NormParams p) {
-  __shared__ float scratch[core::kMaxWarpsPerBlock];
-  const int64_t nvec = p.cols / N;
-  const int64_t groups = (p.rows + blockDim.y - 1) / blockDim.y;
-  // Element offset of this thread's vector i, and whether it lies in the row (recomputed
-  // rather than stored: an array of flags spills).
-  const auto col = [&](int i) { return (threadIdx.x + static_cast<int64_t>(i) * blockDim.x) * N; };
-  const auto in_row = [&](int i) { return threadIdx.x + i * blockDim.x < nvec; };
-
-  // Weight and bias are re-read (from L1/L2) for each row: with the row itself in
-  // registers, keeping them there too would spill.
-  const auto affine = [&](int i, const Vec<T, N>& h, float mean, float rstd) {
-    return normalize(p, h, weight_at<T, N, V>(p, col(i)), bias_at<T, N, V>(p, col(i)), mean, rstd);
-  };
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int64_t row = group * blockDim.y + threadIdx.y;
-    const bool active = row < p.rows;
-    const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
-    Vec<T, N> h[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-      h[i] = active && in_row(i) ? core::load_stream<T, N>(r.x + col(i)) : core::zeros<T, N>();
-    if constexpr (V == Variant::kAddRms) {
-      Vec<T, N> res[ITEMS];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i)
-        if (active && in_row(i)) res[i] = core::load_stream<T, N>(r.residual + col(i));
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (!(active && in_row(i))) continue;
-        // Normalize exactly the value that is stored as the new residual.
-        h[i] = add_residual(h[i], res[i]);
-        core::store(r.residual_out + col(i), h[i]);
-      }
-    }
-    finish_row<T, N, ITEMS, V>(p, h, active, r.out, in_row, col, affine, scratch);
+    core::store(r.out + col(i), normalize(p, h[i], w[i], b[i], mean, rstd));
   }
 }
 
 // Row too long for registers: stream it, re-reading for each pass.
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(const NormParams p) {
-  __shared__ float scratch[core::kMaxWarpsPerBlock];
+  __shared__ float scratch[2][core::kMaxWarpsPerBlock];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < p.rows;
   const int64_t nvec = active ? p.cols / N : 0;
@@ -287,7 +215,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   float mean = 0.0f;
   if (p.type == NormType::kLayer) {
     // Two-pass variance: sum of squared deviations, not E[x^2] - mean^2, which cancels.
-    mean = core::row_sum(sum, scratch) * inv_cols;
+    mean = core::row_sum(sum, scratch[0]) * inv_cols;
     sq = 0.0f;
     for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
       const Floats<N> h = core::widen(core::load_stream<T, N>(h_src + v * N));
@@ -295,7 +223,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
       for (int j = 0; j < N; ++j) sq += (h.v[j] - mean) * (h.v[j] - mean);
     }
   }
-  const float rstd = rsqrtf(core::row_sum(sq, scratch) * inv_cols + p.eps);
+  const float rstd = rsqrtf(core::row_sum(sq, scratch[1]) * inv_cols + p.eps);
   for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
     const Vec<T, N> w = weight ? core::load_cached<T, N>(weight + v * N) : Vec<T, N>{};
     const Vec<T, N> b = bias ? core::load_cached<T, N>(bias + v * N) : Vec<T, N>{};
@@ -304,78 +232,32 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   }
 }
 
-// Launches a persistent kernel: as many blocks as fit on the device at once, fewer when
-// there are fewer row groups. blocks_per_sm_cache is the kernel's own (occupancy_cache).
-template <typename Kernel>
-cudaError_t launch_persistent(Kernel kernel, std::atomic<int>* blocks_per_sm_cache,
-                              const NormParams& p, const NormLaunchPlan& plan, size_t smem,
-                              cudaStream_t stream) {
-  const dim3 block(plan.threads_per_row, plan.rows_per_block);
-  const int threads = block.x * block.y;
-  // Occupancy depends only on the kernel and the block size (which fixes the shared memory).
-  std::atomic<int>& cached = blocks_per_sm_cache[threads / 32];
-  int blocks_per_sm = cached.load(std::memory_order_relaxed);
-  if (blocks_per_sm == 0) {
-    cudaError_t error = cudaSuccess;
-    if (smem > 48 * 1024)
-      error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem));
-    if (error == cudaSuccess)
-      error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, smem);
-    if (error != cudaSuccess) return error;
-    if (blocks_per_sm == 0) return cudaErrorInvalidConfiguration;  // does not fit on an SM
-    cached.store(blocks_per_sm, std::memory_order_relaxed);
-  }
-  int device = 0, sms = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error == cudaSuccess)
-    error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (error != cudaSuccess) return error;
-  const int64_t blocks = std::min<int64_t>(plan.blocks, int64_t{sms} * blocks_per_sm);
-  kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-// One occupancy cache per kernel instantiation, indexed by block threads / 32.
-template <typename T, int N, int ITEMS, Variant V, bool STAGED>
-std::atomic<int>* occupancy_cache() {
-  static std::atomic<int> cache[kMaxCachedThreads / 32 + 1];
-  return cache;
-}
-
-template <typename T, int N, int ITEMS, Variant V>
-cudaError_t launch_variant(const NormParams& p, const NormLaunchPlan& plan, cudaStream_t stream) {
-  if constexpr (sizeof(Vec<T, N>) == 16 && ITEMS <= 2) {
-    const size_t smem = size_t{kStages} * kInputs<V> * ITEMS * plan.threads_per_row *
-                        plan.rows_per_block * sizeof(uint4);
-    return launch_persistent(norm_staged_kernel<T, N, ITEMS, V>,
-                             occupancy_cache<T, N, ITEMS, V, true>(), p, plan, smem, stream);
-  } else {
-    return launch_persistent(norm_cached_kernel<T, N, ITEMS, V>,
-                             occupancy_cache<T, N, ITEMS, V, false>(), p, plan, 0, stream);
-  }
-}
-
 template <typename T, int N, int ITEMS>
-cudaError_t launch_cached(const NormParams& p, const NormLaunchPlan& plan, cudaStream_t stream) {
-  if (p.type == NormType::kLayer) return launch_variant<T, N, ITEMS, Variant::kLayer>(p, plan, stream);
-  if (p.residual) return launch_variant<T, N, ITEMS, Variant::kAddRms>(p, plan, stream);
-  return launch_variant<T, N, ITEMS, Variant::kRms>(p, plan, stream);
+cudaError_t launch_cached(const NormParams& p, const dim3 grid, const dim3 block,
+                          cudaStream_t stream) {
+  if (p.type == NormType::kLayer) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kLayer><<<grid, block, 0, stream>>>(p);
+  } else if (p.residual) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms><<<grid, block, 0, stream>>>(p);
+  } else {
+    norm_cached_kernel<T, N, ITEMS, Variant::kRms><<<grid, block, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 template <typename T, int N>
 cudaError_t launch_vec(const NormParams& p, const NormLaunchPlan& plan, cudaStream_t stream) {
+  if (plan.blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(plan.blocks));
+  const dim3 block(plan.threads_per_row, plan.rows_per_block);
   switch (plan.items) {
-    case 0: {
-      if (plan.blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-      const dim3 block(plan.threads_per_row, plan.rows_per_block);
-      norm_streamed_kernel<T, N><<<static_cast<unsigned>(plan.blocks), block, 0, stream>>>(p);
+    case 0:
+      norm_streamed_kernel<T, N><<<grid, block, 0, stream>>>(p);
       return cudaGetLastError();
-    }
-    case 1: return launch_cached<T, N, 1>(p, plan, stream);
-    case 2: return launch_cached<T, N, 2>(p, plan, stream);
-    case 4: return launch_cached<T, N, 4>(p, plan, stream);
-    case 8: return launch_cached<T, N, 8>(p, plan, stream);
+    case 1: return launch_cached<T, N, 1>(p, grid, block, stream);
+    case 2: return launch_cached<T, N, 2>(p, grid, block, stream);
+    case 4: return launch_cached<T, N, 4>(p, grid, block, stream);
+    case 8: return launch_cached<T, N, 8>(p, grid, block, stream);
     default: return cudaErrorInvalidConfiguration;
   }
 }

@@ -3,9 +3,10 @@
 namespace ltx_kernels::torch_ext {
 namespace {
 
-// Messages format sizes and devices here rather than through c10's stream operators for
-// SymInt and Device: those live in libc10 and crashed (SIGSEGV) when this library was built
-// with a different GCC than torch (seen with GCC 13 against the torch 2.11 wheel).
+// Messages format numbers, sizes and devices with std::to_string rather than through
+// std::ostream (which c10::str and TORCH_CHECK use): streaming a number or a SymInt from
+// this library crashed (SIGSEGV) when it was built with a newer GCC than torch's (seen with
+// GCC 13 against the torch 2.11 wheel); streaming strings works.
 std::string dims_str(c10::SymIntArrayRef dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {

@@ -15,7 +15,8 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
                                                 const OptTensor& bias, double eps) {
   check_activation(x, "x");
   if (residual) check_like(*residual, "residual", x, "x");
-  TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+  // std::to_string, not the stream operator: see the note on formatting in common.cpp.
+  TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
   return {channel_vector(weight, "weight", x, "x"), channel_vector(bias, "bias", x, "x")};
 }
 

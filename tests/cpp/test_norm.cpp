@@ -171,13 +171,11 @@ TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
   EXPECT_EQ(tiny.items, 1);
   EXPECT_EQ(tiny.rows_per_block, 8);
   EXPECT_EQ(tiny.blocks, 125);
-  // 256 threads x 2 vectors x 8 = 4096; longer rows take 512 threads.
-  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 4104)).threads_per_row, 512);
-  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 8192)).items, 2);
-  const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 32768));
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 8192)).items, 4);
+  const NormLaunchPlan largest = plan_norm(plan_params(DType::kBFloat16, 16384));
   EXPECT_EQ(largest.items, kMaxItems);
   EXPECT_EQ(largest.threads_per_row, kMaxCachedThreads);
-  const NormLaunchPlan streamed = plan_norm(plan_params(DType::kBFloat16, 32776));
+  const NormLaunchPlan streamed = plan_norm(plan_params(DType::kBFloat16, 16392));
   EXPECT_EQ(streamed.items, 0);
   EXPECT_EQ(streamed.threads_per_row, kMaxStreamedThreads);
   EXPECT_EQ(streamed.rows_per_block, 1);
