@@ -83,15 +83,16 @@ enum class Variant { kRms, kAddRms, kLayer };
 // occupancy mattered more than prefetching rows through shared memory.
 template <int ITEMS, Variant V>
 constexpr int kMinBlocksPerSm =
-    ITEMS == 1   ? (V == Variant::kRms ? 8 : V == Variant::kAddRms ? 6 : 5)
+    ITEMS == 1   ? (V == Variant::kAddRms ? 6 : 8)
     : ITEMS == 2 ? (V == Variant::kRms ? 5 : 4)
     : ITEMS == 4 ? (V == Variant::kLayer ? 2 : 3)
                  : 2;
 
-// Up to 4 vectors per thread, weight and bias are fetched before the reduction so their
-// latency overlaps it; with 8 the registers are needed for the row and they are loaded after.
-template <int ITEMS>
-constexpr bool kPrefetchAffine = ITEMS <= 4;
+// Weight (and bias) fetched before the reduction so their latency overlaps it, when the
+// registers allow: up to 4 vectors per thread, and not for layer norm, whose second
+// reduction needs them more.
+template <int ITEMS, Variant V>
+constexpr bool kPrefetchAffine = ITEMS <= 4 && V != Variant::kLayer;
 
 // Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
 // row per blockDim.x threads, blockDim.y rows per block, at most kMaxCachedThreads threads.
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
                : Vec<T, N>{};
   };
   Vec<T, N> w[ITEMS], b[ITEMS];
-  if constexpr (kPrefetchAffine<ITEMS>) {
+  if constexpr (kPrefetchAffine<ITEMS, V>) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (!valid(i)) continue;
-    if constexpr (!kPrefetchAffine<ITEMS>) {
+    if constexpr (!kPrefetchAffine<ITEMS, V>) {
       w[i] = weight_at(i);
       b[i] = bias_at(i);
     }

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     results = harness.run_cases(cases, copy_gbs)
     table = harness.markdown_table(results, IMPLS)
     header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
-              "bf16, us (% of copy bandwidth), do_bench median, L2 flushed.\n\n")
+              "bf16, us (% of copy bandwidth): median GPU time, L2 flushed, host launch overhead excluded.\n\n")
     print()
     print(header + table)
     if args.json:

@@ -1,7 +1,7 @@
 """Timing and reporting shared by the micro-benchmarks.
 
-Method (shared/DESIGN.md section 5): `triton.testing.do_bench` median with the L2 flushed
-between runs; bytes that must move (each input read once, each output written once) over
+Method (shared/DESIGN.md section 5): median GPU time with the L2 flushed between runs (see
+bench_us); bytes that must move (each input read once, each output written once) over
 time, as a percentage of a large device-to-device copy measured in the same run.
 """
 
@@ -9,16 +9,43 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
+import time
 from typing import Callable
 
 import torch
 
 
-def bench_us(fn: Callable[[], object]) -> float:
-    """Median time of fn in microseconds (L2 flushed before each run)."""
-    from triton.testing import do_bench
+def bench_us(fn: Callable[[], object], reps: int = 100) -> float:
+    """Median GPU time of fn in microseconds, L2 flushed before each run.
 
-    return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    Like triton.testing.do_bench, but the GPU is first held busy (torch.cuda._sleep) while
+    the host queues every run, so host-side launch overhead is never in the measurement:
+    on a slow host, a Python-heavy launcher (eager, Liger) otherwise leaves the GPU idle
+    between runs and its times swing by 50%. This measures the kernels, which is what the
+    bandwidth percentages are about; launch overhead shows in the end-to-end benchmarks.
+    """
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    # Host time to queue one run, to size the GPU sleep that covers queuing all of them.
+    t0 = time.perf_counter()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    host_us = (time.perf_counter() - t0) / 5 * 1e6
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda._sleep(int(reps * (host_us + 50.0) * 2000))  # cycles at <= 2 GHz
+    for start, end in zip(starts, ends):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
 def copy_bandwidth_gbs(gib: float = 2.0) -> float:
