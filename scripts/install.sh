@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs ltx-kernels from this checkout into a virtual environment, building the C++/CUDA
+# extension against the torch installed there.
+#   bash scripts/install.sh            # venv at .venv (created if missing)
+#   LTX_KERNELS_VENV=/path/to/venv bash scripts/install.sh
+#   TORCH_SPEC="torch==2.12.0" ...     # another torch (default: the tested 2.11.0)
+# The CUDA kernels are built when nvcc is found (CUDA 12.x/13.x); otherwise CPU only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${LTX_KERNELS_VENV:-.venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+py="$venv/bin/python"
+"$py" -m pip install -q --upgrade pip
+if ! "$py" -c "import torch" 2>/dev/null; then
+  "$py" -m pip install -q "${TORCH_SPEC:-torch==2.11.0}"
+fi
+"$py" -m pip install -q numpy pytest "scikit-build-core>=0.10" "cmake>=3.24" ninja
+# --no-build-isolation: build against the torch above, not a fresh copy in an isolated env.
+"$py" -m pip install -q --no-build-isolation .
+"$py" -c "import ltx_kernels, torch; print('ltx_kernels', ltx_kernels.__version__, 'on torch', torch.__version__, '(CUDA available:', torch.cuda.is_available(), ')')"
