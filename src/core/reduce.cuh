@@ -15,7 +15,9 @@ constexpr int kMaxWarpsPerBlock = 32;
 // Sum of v over the threadIdx.y row group, returned to every thread of the group.
 // Every thread of the block must call it (it synchronizes the block). `scratch` holds
 // kMaxWarpsPerBlock floats; a block that reduces more than once passes a different scratch
-// to each call, so that no barrier is needed before it is written again.
+// to each call, so that no barrier is needed before it is written again. MAX_WARPS bounds
+// blockDim.x / 32 so the final sum is unrolled.
+template <int MAX_WARPS = kMaxWarpsPerBlock>
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
   v = warp_sum(v);
   const int warps_per_row = blockDim.x / 32;
@@ -26,7 +28,9 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
   if (lane == 0) row_scratch[warp] = v;
   __syncthreads();
   float total = 0.0f;
-  for (int w = 0; w < warps_per_row; ++w) total += row_scratch[w];
+#pragma unroll
+  for (int w = 0; w < MAX_WARPS; ++w)
+    if (w < warps_per_row) total += row_scratch[w];
   return total;
 }
 

@@ -51,8 +51,9 @@ __device__ __forceinline__ Vec<T, N> add_residual(const Vec<T, N>& x, const Vec<
   return core::narrow<T>(h);
 }
 
-// (h - mean) * rstd [* (weight + offset)] [+ bias], rounded to T.
-template <typename T, int N>
+// (h - mean) * rstd [* (weight + offset)] [+ bias], rounded to T. HAS_BIAS: only layer
+// norm has a bias; knowing it at compile time keeps the RMS kernels free of its branch.
+template <bool HAS_BIAS, typename T, int N>
 __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T, N>& hv,
                                                const Vec<T, N>& wv, const Vec<T, N>& bv,
                                                float mean, float rstd) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T,
 #pragma unroll
     for (int j = 0; j < N; ++j) h.v[j] *= w.v[j] + p.weight_offset;
   }
-  if (p.bias) {
+  if (HAS_BIAS && p.bias) {
     const Floats<N> b = core::widen(bv);
 #pragma unroll
     for (int j = 0; j < N; ++j) h.v[j] += b.v[j];
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
 #pragma unroll
       for (int j = 0; j < N; ++j) sum += f.v[j];
     }
-    mean = core::row_sum(sum, scratch[0]) * inv_cols;
+    mean = core::row_sum<kMaxCachedThreads / 32>(sum, scratch[0]) * inv_cols;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
       for (int j = 0; j < N; ++j) sq += f.v[j] * f.v[j];
     }
   }
-  const float rstd = rsqrtf(core::row_sum(sq, scratch[1]) * inv_cols + p.eps);
+  const float rstd = rsqrtf(core::row_sum<kMaxCachedThreads / 32>(sq, scratch[1]) * inv_cols + p.eps);
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (!valid(i)) continue;
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
       w[i] = weight_at(i);
       b[i] = bias_at(i);
     }
-    core::store(r.out + col(i), normalize(p, h[i], w[i], b[i], mean, rstd));
+    core::store(r.out + col(i), normalize<V == Variant::kLayer>(p, h[i], w[i], b[i], mean, rstd));
   }
 }
 
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     const Vec<T, N> w = weight ? core::load_cached<T, N>(weight + v * N) : Vec<T, N>{};
     const Vec<T, N> b = bias ? core::load_cached<T, N>(bias + v * N) : Vec<T, N>{};
     const Vec<T, N> h = core::load_stream<T, N>(h_src + v * N);
-    core::store(r.out + v * N, normalize(p, h, w, b, mean, rstd));
+    core::store(r.out + v * N, normalize<true>(p, h, w, b, mean, rstd));
   }
 }
 
