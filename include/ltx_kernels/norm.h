@@ -57,7 +57,7 @@ constexpr int kMaxStreamedThreads = 1024;
 struct NormLaunchPlan {
   int vec = 1;              // elements per vector access (16 bytes when aligned, else 1)
   int items = 0;            // vectors kept in registers per thread; 0 = row too long, re-read
-  int threads_per_row = 32; // multiple of 32: <= 256 when items > 0, else 1024
+  int threads_per_row = 32; // 32, 64, 128 or 256 when items > 0, else 1024
   int rows_per_block = 1;
   int64_t blocks = 0;
 };

@@ -46,16 +46,16 @@ NormLaunchPlan plan_norm(const NormParams& p) {
 
   // One vector per thread while a row fits in 256 threads, then 2, 4 or 8 vectors per
   // thread (kernels with fewer registers keep more blocks resident); rows beyond that are
-  // streamed by 1024 threads.
-  plan.threads_per_row = static_cast<int>(std::min<int64_t>(ceil_div(nvec, 32) * 32, kMaxCachedThreads));
-  const int64_t need = ceil_div(nvec, plan.threads_per_row);
+  // streamed by 1024 threads. Threads per row are a power of two (the kernels are compiled
+  // for each), and short rows share a 256-thread block.
+  int64_t threads = 32;
+  while (threads < nvec && threads < kMaxCachedThreads) threads *= 2;
+  const int64_t need = ceil_div(nvec, threads);
   int items = 1;
   while (items < need) items *= 2;
   plan.items = items <= kMaxItems ? items : 0;
-  if (plan.items == 0) plan.threads_per_row = kMaxStreamedThreads;
-
-  // Short rows share a block so a block still has 256 threads to hide latency with.
-  plan.rows_per_block = plan.threads_per_row >= kMaxCachedThreads ? 1 : kMaxCachedThreads / plan.threads_per_row;
+  plan.threads_per_row = plan.items > 0 ? static_cast<int>(threads) : kMaxStreamedThreads;
+  plan.rows_per_block = plan.items > 0 ? kMaxCachedThreads / plan.threads_per_row : 1;
   plan.blocks = ceil_div(p.rows, plan.rows_per_block);
   return plan;
 }
