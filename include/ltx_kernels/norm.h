@@ -1,8 +1,12 @@
-// Row normalization family: rms_norm, fused_add_rms_norm, layer_norm.
+// Row normalization family: rms_norm, fused_add_rms_norm, layer_norm, and their DiT forms
+// with AdaLN modulation and a gated residual (adaln_*, gated_residual_adaln_rms_norm).
 //
 // Every op normalizes each row of a [rows, cols] matrix whose last dim is contiguous and
 // whose rows may be strided (a slice or view of a wider tensor). Math is fp32: inputs are
-// loaded, computed in fp32 and rounded once on store.
+// loaded, computed in fp32 and rounded once on store. In full:
+//   h   = residual + x * gate   (rounded to dtype, stored to residual_out; or h = x)
+//   y   = norm(h) * (weight + weight_offset) + bias
+//   out = y * (1 + scale) + shift
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,17 @@ enum class NormType : int32_t {
   kLayer = 1,  // (x - mean) * rsqrt(var + eps), biased variance
 };
 
+// One [cols] vector per row, broadcast over rows. The rows are seen as [batches, tokens]
+// (rows = batches * tokens); row r uses the vector at
+//   ptr + (r / tokens) * batch_stride + (r % tokens) * token_stride   (elements)
+// so strides (0, 0) is one [cols] vector, (s, 0) one per batch ([B, 1, D]) and (s, t) one
+// per token ([B, S, D], possibly a strided view such as LTX's unbind of [B, S, 6, D]).
+struct RowVectors {
+  const void* ptr = nullptr;  // nullptr: absent
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+};
+
 struct NormParams {
   NormType type = NormType::kRms;
   DType dtype = DType::kFloat32;  // of every tensor below
@@ -30,8 +45,8 @@ struct NormParams {
   const void* x = nullptr;  // [rows, cols], row stride x_row_stride (elements)
   int64_t x_row_stride = 0;
 
-  // Optional: when set, the op normalizes h = x + residual, rounded to dtype, and stores
-  // that same rounded h to residual_out (which may alias residual: update in place).
+  // Optional: when set, the op normalizes h = residual + x [* gate], rounded to dtype, and
+  // stores that same rounded h to residual_out (which may alias residual: update in place).
   const void* residual = nullptr;  // [rows, cols]
   int64_t residual_row_stride = 0;
   void* residual_out = nullptr;  // [rows, cols]
@@ -40,6 +55,12 @@ struct NormParams {
   const void* weight = nullptr;  // [cols] optional: out *= (weight + weight_offset)
   float weight_offset = 0.0f;    // 1 for Gemma's (1 + weight)
   const void* bias = nullptr;    // [cols] optional, layer norm only: out += bias
+
+  // Rows per batch for the RowVectors below; rows must be a multiple of it.
+  int64_t tokens = 1;
+  RowVectors gate;   // optional, only with residual
+  RowVectors scale;  // optional AdaLN modulation, scale and shift together
+  RowVectors shift;
 
   void* out = nullptr;  // [rows, cols]
   int64_t out_row_stride = 0;

@@ -13,8 +13,11 @@ _torch.ops.load_library(str(_Path(__file__).with_name("_C.so")))
 
 from ltx_kernels import layers  # noqa: E402
 from ltx_kernels.ops import (  # noqa: E402
+    adaln_layer_norm,
+    adaln_rms_norm,
     fused_add_rms_norm,
     fused_add_rms_norm_,
+    gated_residual_adaln_rms_norm,
     layer_norm,
     rms_norm,
     rmsnorm,
@@ -24,8 +27,11 @@ from ltx_kernels.ops import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "adaln_layer_norm",
+    "adaln_rms_norm",
     "fused_add_rms_norm",
     "fused_add_rms_norm_",
+    "gated_residual_adaln_rms_norm",
     "layer_norm",
     "layers",
     "rms_norm",

@@ -65,6 +65,54 @@ def layer_norm(
     return _ops.layer_norm(x, weight, bias, eps)
 
 
+def adaln_rms_norm(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """AdaLN modulation of an RMS norm: ``rms_norm(x, weight, eps) * (1 + scale) + shift``.
+
+    ``x`` is ``[B, S, D]`` (any ``[B, ..., D]``; a 2-dim ``x`` is one batch of tokens).
+    ``scale`` and ``shift`` broadcast over rows as ``[D]``, per batch ``[B, 1, D]``, or per
+    token with ``x``'s shape; they may be strided views (e.g. unbound from a ``[B, S, 6, D]``
+    tensor, as LTX-Video does) and are read in place. One fp32 pass, rounded once.
+    """
+    return _ops.adaln_rms_norm(x, scale, shift, weight, eps)
+
+
+def adaln_layer_norm(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """``layer_norm(x, weight, bias, eps) * (1 + scale) + shift``; broadcasting as
+    :func:`adaln_rms_norm`."""
+    return _ops.adaln_layer_norm(x, scale, shift, weight, bias, eps)
+
+
+def gated_residual_adaln_rms_norm(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DiT block's residual update fused with the next norm and modulation.
+
+    Returns ``(x_new, normed)`` with ``x_new = x + y * gate`` (``gate=None`` means 1; fp32
+    math, rounded to the input dtype) and ``normed = adaln_rms_norm(x_new, scale, shift,
+    weight, eps)`` computed from that rounded ``x_new``. ``gate`` broadcasts like ``scale``.
+    """
+    return _ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, weight, eps)
+
+
 # Names of the original ltx_kernels package, kept so code written against it keeps working.
 
 

@@ -14,6 +14,13 @@ ValidationError validate(const NormParams& p) {
   if ((p.residual == nullptr) != (p.residual_out == nullptr))
     return "residual and residual_out must be given together";
   if (p.bias != nullptr && p.type != NormType::kLayer) return "bias is only defined for layer norm";
+  if (p.gate.ptr != nullptr && p.residual == nullptr) return "gate needs a residual";
+  if ((p.scale.ptr == nullptr) != (p.shift.ptr == nullptr))
+    return "scale and shift must be given together";
+  if (p.tokens < 1) return "tokens must be >= 1";
+  if (p.rows % p.tokens != 0) return "rows must be a multiple of tokens";
+  for (const RowVectors* v : {&p.gate, &p.scale, &p.shift})
+    if (v->batch_stride < 0 || v->token_stride < 0) return "row vector strides must be >= 0";
   if (p.rows == 0) return nullptr;
   if (p.x == nullptr) return "x is null";
   if (p.out == nullptr) return "out is null";
@@ -28,6 +35,10 @@ namespace {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+bool aligned_vectors(const RowVectors& v, int vec) {
+  return aligned16(v.ptr) && v.batch_stride % vec == 0 && v.token_stride % vec == 0;
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -40,7 +51,8 @@ NormLaunchPlan plan_norm(const NormParams& p) {
       p.cols % vec == 0 && p.x_row_stride % vec == 0 && p.out_row_stride % vec == 0 &&
       aligned16(p.x) && aligned16(p.out) && aligned16(p.weight) && aligned16(p.bias) &&
       aligned16(p.residual) && aligned16(p.residual_out) && p.residual_row_stride % vec == 0 &&
-      p.residual_out_row_stride % vec == 0;
+      p.residual_out_row_stride % vec == 0 && aligned_vectors(p.gate, vec) &&
+      aligned_vectors(p.scale, vec) && aligned_vectors(p.shift, vec);
   plan.vec = can_vectorize ? vec : 1;
   const int64_t nvec = p.cols / plan.vec;
 

@@ -28,6 +28,16 @@ struct RowPtrs {
   T* out;
 };
 
+// This row's vector of a RowVectors (nullptr when absent).
+template <typename T>
+__device__ __forceinline__ const T* row_vector(const NormParams& p, const RowVectors& v,
+                                               int64_t row) {
+  if (!v.ptr) return nullptr;
+  const int64_t batch = row / p.tokens;
+  const int64_t token = row - batch * p.tokens;
+  return static_cast<const T*>(v.ptr) + batch * v.batch_stride + token * v.token_stride;
+}
+
 template <typename T>
 __device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row) {
   RowPtrs<T> r;
@@ -41,21 +51,30 @@ __device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row)
   return r;
 }
 
-// h = x + residual rounded to T: the value stored as the new residual and normalized.
+// h = residual + x [* gate] rounded to T: the value stored as the new residual and
+// normalized. Multiply and add are rounded separately (no FMA), as in the CPU reference.
 template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> add_residual(const Vec<T, N>& x, const Vec<T, N>& res) {
+__device__ __forceinline__ Vec<T, N> add_residual(const Vec<T, N>& x, const Vec<T, N>& res,
+                                                  const Vec<T, N>* gate) {
   Floats<N> h = core::widen(x);
   const Floats<N> r = core::widen(res);
+  if (gate) {
+    const Floats<N> g = core::widen(*gate);
 #pragma unroll
-  for (int j = 0; j < N; ++j) h.v[j] += r.v[j];
+    for (int j = 0; j < N; ++j) h.v[j] = __fmul_rn(h.v[j], g.v[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) h.v[j] = __fadd_rn(h.v[j], r.v[j]);
   return core::narrow<T>(h);
 }
 
-// (h - mean) * rstd [* (weight + offset)] [+ bias], rounded to T. HAS_BIAS: only layer
-// norm has a bias; knowing it at compile time keeps the RMS kernels free of its branch.
-template <bool HAS_BIAS, typename T, int N>
+// (h - mean) * rstd [* (weight + offset)] [+ bias] [* (1 + scale) + shift], rounded to T.
+// HAS_BIAS / MOD: whether a bias (layer norm only) or the modulation (sc, sh) can be
+// present; as template parameters they keep the other kernels free of their branches.
+template <bool HAS_BIAS, bool MOD, typename T, int N>
 __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T, N>& hv,
                                                const Vec<T, N>& wv, const Vec<T, N>& bv,
+                                               const Vec<T, N>& sc, const Vec<T, N>& sh,
                                                float mean, float rstd) {
   Floats<N> h = core::widen(hv);
 #pragma unroll
@@ -70,6 +89,12 @@ __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T,
 #pragma unroll
     for (int j = 0; j < N; ++j) h.v[j] += b.v[j];
   }
+  if (MOD && p.scale.ptr) {
+    const Floats<N> scale = core::widen(sc);
+    const Floats<N> shift = core::widen(sh);
+#pragma unroll
+    for (int j = 0; j < N; ++j) h.v[j] = h.v[j] * (1.0f + scale.v[j]) + shift.v[j];
+  }
   return core::narrow<T>(h);
 }
 
@@ -82,25 +107,26 @@ enum class Variant { kRms, kAddRms, kLayer };
 // fits in 32, so a full SM of blocks is resident and their loads overlap each other's
 // reductions; variants with a residual or bias row need a little more. Measured on H100,
 // occupancy mattered more than prefetching rows through shared memory.
-template <int ITEMS, Variant V>
+// MOD: AdaLN modulation (scale and shift rows), whose vectors take registers too.
+template <int ITEMS, Variant V, bool MOD>
 constexpr int kMinBlocksPerSm =
-    ITEMS == 1   ? (V == Variant::kAddRms ? 6 : 8)
-    : ITEMS == 2 ? (V == Variant::kRms ? 5 : 4)
-    : ITEMS == 4 ? (V == Variant::kLayer ? 2 : 3)
-                 : 2;
+    ITEMS == 1   ? (MOD ? 5 : V == Variant::kAddRms ? 6 : 8)
+    : ITEMS == 2 ? (MOD ? 3 : V == Variant::kRms ? 5 : 4)
+    : ITEMS == 4 ? (MOD || V == Variant::kLayer ? 2 : 3)
+                 : (V == Variant::kAddRms ? 1 : 2);
 
-// Weight (and bias) fetched before the reduction so their latency overlaps it, when the
-// registers allow: up to 4 vectors per thread, and not for layer norm, whose second
-// reduction needs them more.
-template <int ITEMS, Variant V>
-constexpr bool kPrefetchAffine = ITEMS <= 4 && V != Variant::kLayer;
+// Weight, bias, scale and shift fetched before the reduction so their latency overlaps
+// it, when the registers allow: up to 4 vectors per thread (2 with modulation, which
+// doubles them), and not for layer norm, whose second reduction needs them more.
+template <int ITEMS, Variant V, bool MOD>
+constexpr bool kPrefetchAffine = ITEMS <= (MOD ? 2 : 4) && V != Variant::kLayer;
 
 // Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
 // row per TPR threads, kMaxCachedThreads / TPR rows per block. The block shape is a
 // template parameter so index math and reductions compile to constants (a third fewer
 // instructions than with blockDim, which shows at memory speed).
-template <typename T, int N, int ITEMS, Variant V, int TPR>
-__global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>))
+template <typename T, int N, int ITEMS, Variant V, int TPR, bool MOD>
+__global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, MOD>))
     norm_cached_kernel(const NormParams p) {
   constexpr int kRowsPerBlock = kMaxCachedThreads / TPR;
   // One scratch per reduction, so no barrier is needed before reusing it.
@@ -123,11 +149,17 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
       if (valid(i)) res[i] = core::load_stream<T, N>(r.residual + col(i));
+    const T* gate = row_vector<T>(p, p.gate, row);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
       // Normalize exactly the value that is stored as the new residual.
-      h[i] = add_residual(h[i], res[i]);
+      if (gate) {
+        const Vec<T, N> g = core::load_cached<T, N>(gate + col(i));
+        h[i] = add_residual(h[i], res[i], &g);
+      } else {
+        h[i] = add_residual<T, N>(h[i], res[i], nullptr);
+      }
       core::store(r.residual_out + col(i), h[i]);
     }
   }
@@ -139,13 +171,23 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
                ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col(i))
                : Vec<T, N>{};
   };
-  Vec<T, N> w[ITEMS], b[ITEMS];
-  if constexpr (kPrefetchAffine<ITEMS, V>) {
+  const T* scale = MOD ? row_vector<T>(p, p.scale, row) : nullptr;
+  const T* shift = MOD ? row_vector<T>(p, p.shift, row) : nullptr;
+  const auto scale_at = [&](int i) {
+    return MOD ? core::load_cached<T, N>(scale + col(i)) : Vec<T, N>{};
+  };
+  const auto shift_at = [&](int i) {
+    return MOD ? core::load_cached<T, N>(shift + col(i)) : Vec<T, N>{};
+  };
+  Vec<T, N> w[ITEMS], b[ITEMS], sc[ITEMS], sh[ITEMS];
+  if constexpr (kPrefetchAffine<ITEMS, V, MOD>) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
       w[i] = weight_at(i);
       b[i] = bias_at(i);
+      sc[i] = scale_at(i);
+      sh[i] = shift_at(i);
     }
   }
 
@@ -180,11 +222,14 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V>)
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (!valid(i)) continue;
-    if constexpr (!kPrefetchAffine<ITEMS, V>) {
+    if constexpr (!kPrefetchAffine<ITEMS, V, MOD>) {
       w[i] = weight_at(i);
       b[i] = bias_at(i);
+      sc[i] = scale_at(i);
+      sh[i] = shift_at(i);
     }
-    core::store(r.out + col(i), normalize<V == Variant::kLayer>(p, h[i], w[i], b[i], mean, rstd));
+    core::store(r.out + col(i),
+                normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], mean, rstd));
   }
 }
 
@@ -200,13 +245,22 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   const T* h_src = r.residual ? r.residual_out : r.x;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
+  const T* gate = row_vector<T>(p, p.gate, active ? row : 0);
+  const T* scale = row_vector<T>(p, p.scale, active ? row : 0);
+  const T* shift = row_vector<T>(p, p.shift, active ? row : 0);
 
   float sum = 0.0f;
   float sq = 0.0f;
   for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
     Vec<T, N> hv = core::load_stream<T, N>(r.x + v * N);
     if (r.residual) {
-      hv = add_residual(hv, core::load_stream<T, N>(r.residual + v * N));
+      const Vec<T, N> res = core::load_stream<T, N>(r.residual + v * N);
+      if (gate) {
+        const Vec<T, N> g = core::load_cached<T, N>(gate + v * N);
+        hv = add_residual(hv, res, &g);
+      } else {
+        hv = add_residual<T, N>(hv, res, nullptr);
+      }
       core::store(r.residual_out + v * N, hv);
     }
     const Floats<N> h = core::widen(hv);
@@ -232,22 +286,30 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
     const Vec<T, N> w = weight ? core::load_cached<T, N>(weight + v * N) : Vec<T, N>{};
     const Vec<T, N> b = bias ? core::load_cached<T, N>(bias + v * N) : Vec<T, N>{};
+    const Vec<T, N> sc = scale ? core::load_cached<T, N>(scale + v * N) : Vec<T, N>{};
+    const Vec<T, N> sh = shift ? core::load_cached<T, N>(shift + v * N) : Vec<T, N>{};
     const Vec<T, N> h = core::load_stream<T, N>(h_src + v * N);
-    core::store(r.out + v * N, normalize<true>(p, h, w, b, mean, rstd));
+    core::store(r.out + v * N, normalize<true, true>(p, h, w, b, sc, sh, mean, rstd));
   }
+}
+
+template <typename T, int N, int ITEMS, int TPR, bool MOD>
+cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
+  const dim3 block(TPR, kMaxCachedThreads / TPR);
+  if (p.type == NormType::kLayer) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kLayer, TPR, MOD><<<grid, block, 0, stream>>>(p);
+  } else if (p.residual) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms, TPR, MOD><<<grid, block, 0, stream>>>(p);
+  } else {
+    norm_cached_kernel<T, N, ITEMS, Variant::kRms, TPR, MOD><<<grid, block, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 template <typename T, int N, int ITEMS, int TPR>
 cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
-  const dim3 block(TPR, kMaxCachedThreads / TPR);
-  if (p.type == NormType::kLayer) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kLayer, TPR><<<grid, block, 0, stream>>>(p);
-  } else if (p.residual) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms, TPR><<<grid, block, 0, stream>>>(p);
-  } else {
-    norm_cached_kernel<T, N, ITEMS, Variant::kRms, TPR><<<grid, block, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return p.scale.ptr ? launch_cached<T, N, ITEMS, TPR, true>(p, grid, stream)
+                     : launch_cached<T, N, ITEMS, TPR, false>(p, grid, stream);
 }
 
 template <typename T, int N, int ITEMS>

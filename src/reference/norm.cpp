@@ -1,4 +1,5 @@
 // CPU reference of the norm family: the formulas of norm.h, accumulated in double.
+// (residual + x * gate is formed in float, as the kernels do, then rounded to the dtype.)
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -15,11 +16,16 @@ void reference(const NormParams& p) {
   using host::store;
   std::vector<float> h(static_cast<size_t>(p.cols));
   for (int64_t row = 0; row < p.rows; ++row) {
+    // Offset of this row's vector in a RowVectors.
+    const auto at = [&](const RowVectors& v) {
+      return (row / p.tokens) * v.batch_stride + (row % p.tokens) * v.token_stride;
+    };
     for (int64_t c = 0; c < p.cols; ++c) {
       float v = load(p.x, row * p.x_row_stride + c, p.dtype);
+      if (p.gate.ptr) v *= load(p.gate.ptr, at(p.gate) + c, p.dtype);
       if (p.residual) {
         v = host::round_to(v + load(p.residual, row * p.residual_row_stride + c, p.dtype),
-                                p.dtype);
+                           p.dtype);
       }
       h[c] = v;
     }
@@ -40,6 +46,10 @@ void reference(const NormParams& p) {
       double y = (h[c] - mean) * rstd;
       if (p.weight) y *= static_cast<double>(load(p.weight, c, p.dtype)) + p.weight_offset;
       if (p.bias) y += load(p.bias, c, p.dtype);
+      if (p.scale.ptr) {
+        y = y * (1.0 + load(p.scale.ptr, at(p.scale) + c, p.dtype)) +
+            load(p.shift.ptr, at(p.shift) + c, p.dtype);
+      }
       store(p.out, row * p.out_row_stride + c, p.dtype, static_cast<float>(y));
     }
   }

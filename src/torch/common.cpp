@@ -95,4 +95,56 @@ Rows as_rows(const at::Tensor& t) {
   return r;
 }
 
+int64_t batches_of(const at::Tensor& x) { return x.dim() >= 3 ? x.size(0) : 1; }
+
+void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), name, " must have the dtype of x (",
+                   x.scalar_type(), "), got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == x.device(), name, " must be on the device of x (",
+                    device_str(x.device()), "), got ", device_str(t.device()));
+  const auto expected = [&] {
+    return std::string(name) + " must have shape [D], [B, 1, D] (per batch) or x's shape " +
+           dims_str(x.sym_sizes()) + " (per token), got " + dims_str(t.sym_sizes());
+  };
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.sym_size(-1) == x.sym_size(-1), expected());
+  TORCH_CHECK_VALUE(t.sym_size(-1) <= 1 || t.sym_stride(-1) == 1, name,
+                    " must have a contiguous last dim (stride 1), got strides ",
+                    dims_str(t.sym_strides()));
+  if (t.dim() == 1) return;  // [D]
+  TORCH_CHECK_VALUE(t.dim() == x.dim(), expected());
+  bool per_token = true, per_batch = true;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    per_token = per_token && t.sym_size(d) == x.sym_size(d);
+    // Dim 0 is the batch of a [B, S.., D] x; for a 2-dim x it is the token dim.
+    const bool batch_dim = d == 0 && x.dim() >= 3;
+    per_batch = per_batch && (t.sym_size(d) == 1 || (batch_dim && t.sym_size(d) == x.sym_size(d)));
+  }
+  TORCH_CHECK_VALUE(per_token || per_batch, expected());
+}
+
+RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& keep) {
+  keep = t;
+  RowVectors v;
+  if (t.dim() == 1) {
+    v.ptr = t.const_data_ptr();
+    return v;
+  }
+  const bool has_batch_dim = x.dim() >= 3;
+  // Per-token dims: all but the last, after the batch dim when there is one.
+  const at::Tensor tokens_view = has_batch_dim ? t.select(0, 0) : t;
+  bool per_token = false;
+  for (int64_t d = has_batch_dim ? 1 : 0; d + 1 < t.dim(); ++d) per_token |= t.size(d) > 1;
+  if (per_token) {
+    std::optional<int64_t> stride = collapsed_row_stride(tokens_view);
+    if (!stride) {
+      keep = t.contiguous();
+      stride = collapsed_row_stride(has_batch_dim ? keep.select(0, 0) : keep);
+    }
+    v.token_stride = *stride;
+  }
+  if (has_batch_dim && t.size(0) > 1) v.batch_stride = keep.stride(0);
+  v.ptr = keep.const_data_ptr();
+  return v;
+}
+
 }  // namespace ltx_kernels::torch_ext

@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "ltx_kernels/norm.h"
 #include "ltx_kernels/types.h"
 
 #ifdef LTX_KERNELS_WITH_CUDA
@@ -48,6 +49,20 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
 // t as rows, copying it (explicitly, to a contiguous tensor) only when the leading dims
 // do not collapse into one row stride.
 Rows as_rows(const at::Tensor& t);
+
+// x seen as [batches, tokens, D] for per-batch and per-token vectors: batches = x.size(0)
+// when x has 3 or more dims, else 1.
+int64_t batches_of(const at::Tensor& x);
+
+// Checks that t is a [D] vector per row of x that broadcasts as [D], [B, 1, ..., D] (per
+// batch) or x's own shape (per token), with x's dtype and device and a contiguous last dim.
+// Works on symbolic shapes (Meta).
+void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& x);
+
+// The RowVectors of a tensor that passed check_row_vectors. `keep` receives the tensor the
+// pointer refers to: t itself, or an explicit contiguous copy when its per-token dims do
+// not collapse into one stride.
+RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& keep);
 
 // Runs the op's CPU reference for CPU tensors, or its CUDA launcher on x's device and
 // current stream. `launch` and `reference` are overloaded on the params type.

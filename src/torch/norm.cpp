@@ -1,4 +1,5 @@
-// torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm.
+// torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm, and the
+// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm.
 #include <torch/library.h>
 
 #include "ltx_kernels/norm.h"
@@ -97,6 +98,76 @@ at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const 
                            weight_offset);
 }
 
+// AdaLN modulation: out = norm(x) * (1 + scale) + shift. Writes into `p`'s scale/shift and
+// keeps the tensors they point into alive in `keep`.
+void set_modulation(NormParams& p, const at::Tensor& x, const at::Tensor& scale,
+                    const at::Tensor& shift, at::Tensor (&keep)[3]) {
+  p.tokens = p.rows / batches_of(x);
+  p.scale = row_vectors(scale, x, keep[0]);
+  p.shift = row_vectors(shift, x, keep[1]);
+}
+
+void check_modulation(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
+  check_row_vectors(scale, "scale", x);
+  check_row_vectors(shift, "shift", x);
+}
+
+at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                          const OptTensor& weight, double eps) {
+  const auto [w, b] = check_norm_args("adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, scale, shift);
+  const Rows rows = as_rows(x);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  if (rows.rows == 0) return out;
+  NormParams p = make_params(NormType::kRms, rows, w, b, eps, 0.0, out);
+  at::Tensor keep[3];
+  set_modulation(p, x, scale, shift, keep);
+  run(p, x, "adaln_rms_norm");
+  return out;
+}
+
+at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                            const OptTensor& weight, const OptTensor& bias, double eps) {
+  const auto [w, b] = check_norm_args("adaln_layer_norm", x, nullptr, weight, bias, eps);
+  check_modulation(x, scale, shift);
+  const Rows rows = as_rows(x);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  if (rows.rows == 0) return out;
+  NormParams p = make_params(NormType::kLayer, rows, w, b, eps, 0.0, out);
+  at::Tensor keep[3];
+  set_modulation(p, x, scale, shift, keep);
+  run(p, x, "adaln_layer_norm");
+  return out;
+}
+
+// x_new = x + y * gate; normed = rms_norm(x_new) * (1 + scale) + shift.
+std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  const char* op = "gated_residual_adaln_rms_norm";
+  const auto [w, b] = check_norm_args(op, x, nullptr, weight, std::nullopt, eps);
+  check_activation(y, "y");
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+  check_modulation(x, scale, shift);
+  const Rows x_rows = as_rows(x);
+  const Rows y_rows = as_rows(y);
+  at::Tensor x_new = at::empty(x.sizes(), x.options());
+  at::Tensor normed = at::empty(x.sizes(), x.options());
+  if (x_rows.rows == 0) return {x_new, normed};
+  // In NormParams terms the branch output y is the input and x the residual stream.
+  NormParams p = make_params(NormType::kRms, y_rows, w, b, eps, 0.0, normed);
+  p.residual = x_rows.tensor.const_data_ptr();
+  p.residual_row_stride = x_rows.row_stride;
+  p.residual_out = x_new.mutable_data_ptr();
+  p.residual_out_row_stride = x_rows.cols;
+  at::Tensor keep[3];
+  set_modulation(p, x, scale, shift, keep);
+  if (gate) p.gate = row_vectors(*gate, x, keep[2]);
+  run(p, x, op);
+  return {x_new, normed};
+}
+
 // Meta (fake) implementations: same checks, outputs of the right shape, no data.
 at::Tensor empty_like_x(const at::Tensor& x) { return at::empty_symint(x.sym_sizes(), x.options()); }
 
@@ -125,6 +196,32 @@ at::Tensor fused_add_rms_norm__meta(const at::Tensor& x, at::Tensor& residual,
   return empty_like_x(x);
 }
 
+
+at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
+                               const at::Tensor& shift, const OptTensor& weight, double eps) {
+  check_norm_args("adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, scale, shift);
+  return empty_like_x(x);
+}
+
+at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
+                                 const at::Tensor& shift, const OptTensor& weight,
+                                 const OptTensor& bias, double eps) {
+  check_norm_args("adaln_layer_norm", x, nullptr, weight, bias, eps);
+  check_modulation(x, scale, shift);
+  return empty_like_x(x);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_meta(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  check_norm_args("gated_residual_adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
+  check_activation(y, "y");
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+  check_modulation(x, scale, shift);
+  return {empty_like_x(x), empty_like_x(x)};
+}
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) {
@@ -132,6 +229,9 @@ TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
   m.impl("layer_norm", &layer_norm);
+  m.impl("adaln_rms_norm", &adaln_rms_norm);
+  m.impl("adaln_layer_norm", &adaln_layer_norm);
+  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
@@ -140,6 +240,9 @@ TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
   m.impl("layer_norm", &layer_norm);
+  m.impl("adaln_rms_norm", &adaln_rms_norm);
+  m.impl("adaln_layer_norm", &adaln_layer_norm);
+  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
 }
 #endif
 
@@ -148,6 +251,9 @@ TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) {
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_meta);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__meta);
   m.impl("layer_norm", &layer_norm_meta);
+  m.impl("adaln_rms_norm", &adaln_rms_norm_meta);
+  m.impl("adaln_layer_norm", &adaln_layer_norm_meta);
+  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

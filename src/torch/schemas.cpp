@@ -12,4 +12,12 @@ TORCH_LIBRARY(ltx_kernels, m) {
         " float eps=1e-6, float weight_offset=0.0) -> Tensor");
   m.def("layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-5)"
         " -> Tensor");
+  // DiT forms (norm.cpp): AdaLN modulation norm(x) * (1 + scale) + shift, scale/shift/gate
+  // broadcast as [D], [B, 1, D] or per token [B, S, D].
+  m.def("adaln_rms_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
+        " float eps=1e-6) -> Tensor");
+  m.def("adaln_layer_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
+        " Tensor? bias=None, float eps=1e-6) -> Tensor");
+  m.def("gated_residual_adaln_rms_norm(Tensor x, Tensor y, Tensor? gate, Tensor scale,"
+        " Tensor shift, Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed)");
 }

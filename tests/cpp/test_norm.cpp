@@ -96,6 +96,31 @@ TEST(NormReference, FusedAddRoundsResidualToDtypeInPlace) {
   EXPECT_NEAR(host::bf16_to_float(out[1]), 2 * r, 8e-3);
 }
 
+TEST(NormReference, GatedResidualAndModulationPerBatch) {
+  // Two batches of one token each: row r uses gate/scale/shift row r (per batch).
+  const std::vector<float> y = {1, 1, 2, 2};         // branch output
+  const std::vector<float> x = {0, 0, 1, 1};         // residual stream
+  const std::vector<float> gate = {2, 2, 0.5f, 0.5f};
+  const std::vector<float> scale = {0, 0, 1, 1};
+  const std::vector<float> shift = {0, 0, 10, 10};
+  std::vector<float> out(4), x_new(4);
+  NormParams p = rows_params(NormType::kRms, y, out, 2, 2);
+  p.eps = 0.0f;
+  p.residual = x.data();
+  p.residual_row_stride = 2;
+  p.residual_out = x_new.data();
+  p.residual_out_row_stride = 2;
+  p.tokens = 1;
+  p.gate = {gate.data(), 2, 0};
+  p.scale = {scale.data(), 2, 0};
+  p.shift = {shift.data(), 2, 0};
+  reference(p);
+  EXPECT_EQ(x_new, (std::vector<float>{2, 2, 2, 2}));  // 0 + 1 * 2, 1 + 2 * 0.5
+  // rms of [2, 2] is 2: normalized 1; row 0 unmodulated, row 1: 1 * (1 + 1) + 10.
+  EXPECT_NEAR(out[0], 1.0, 1e-6);
+  EXPECT_NEAR(out[3], 12.0, 1e-6);
+}
+
 TEST(Convert, Bf16RoundsToNearestEven) {
   EXPECT_EQ(host::float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(host::float_to_bf16(1.00390625f), 0x3f80);  // halfway, even stays
@@ -126,6 +151,15 @@ TEST(NormValidate, RejectsBadParams) {
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
   bad.eps = NAN;
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.scale.ptr = x.data();  // without shift
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.gate.ptr = x.data();  // without residual
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.tokens = 3;  // 2 rows are not a multiple of 3
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
   bad.x = nullptr;

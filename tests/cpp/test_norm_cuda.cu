@@ -46,6 +46,7 @@ struct Case {
   DType dtype;
   int64_t rows, cols, stride;
   bool residual, weight, bias;
+  bool modulated = false;  // per-token scale/shift and, with a residual, a per-token gate
 };
 
 // Runs one case on both sides and compares ||gpu - cpu|| / ||cpu|| per output.
@@ -57,6 +58,7 @@ void check_case(const Case& c) {
   const auto res = random_buffer(in_count, c.dtype, rng);
   const auto w = random_buffer(c.cols, c.dtype, rng);
   const auto b = random_buffer(c.cols, c.dtype, rng);
+  const auto mod = random_buffer(3 * out_count, c.dtype, rng);  // gate, scale, shift rows
   // Poison outputs (NaN bytes) so unwritten elements fail.
   std::vector<uint8_t> out(out_count * dtype_size(c.dtype), 0xff);
   std::vector<uint8_t> res_out(out.size(), 0xff);
@@ -70,12 +72,22 @@ void check_case(const Case& c) {
   p.out_row_stride = p.residual_out_row_stride = c.cols;
   p.eps = 1e-5f;
 
-  DeviceBuffer dx(x), dres(res), dw(w), db(b), dout(out), dres_out(res_out);
+  DeviceBuffer dx(x), dres(res), dw(w), db(b), dmod(mod), dout(out), dres_out(res_out);
+  // Rows as [rows, 1] batches of one token, each with its own gate/scale/shift row.
+  const auto set_mod = [&](const void* base) {
+    if (!c.modulated) return;
+    const auto at = [&](int k) { return static_cast<const uint8_t*>(base) + k * out_count * dtype_size(c.dtype); };
+    p.tokens = 1;
+    if (c.residual) p.gate = {at(0), c.cols, 0};
+    p.scale = {at(1), c.cols, 0};
+    p.shift = {at(2), c.cols, 0};
+  };
   p.x = dx.ptr;
   p.out = dout.ptr;
   if (c.residual) p.residual = dres.ptr, p.residual_out = dres_out.ptr;
   if (c.weight) p.weight = dw.ptr;
   if (c.bias) p.bias = db.ptr;
+  set_mod(dmod.ptr);
   ASSERT_EQ(launch(p, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto gpu_out = dout.to_host();
@@ -86,6 +98,7 @@ void check_case(const Case& c) {
   if (c.residual) p.residual = res.data(), p.residual_out = res_out.data();
   if (c.weight) p.weight = w.data();
   if (c.bias) p.bias = b.data();
+  set_mod(mod.data());
   reference(p);
 
   const double tol = c.dtype == DType::kFloat32 ? 1e-5 : c.dtype == DType::kFloat16 ? 2e-3 : 1e-2;
@@ -110,6 +123,8 @@ TEST(NormCuda, MatchesReference) {
         check_case({NormType::kRms, dtype, rows, cols, stride, false, true, false});
         check_case({NormType::kRms, dtype, rows, cols, stride, true, rows != 1, false});
         check_case({NormType::kLayer, dtype, rows, cols, stride, false, true, true});
+        check_case({NormType::kRms, dtype, rows, cols, stride, true, true, false, true});
+        check_case({NormType::kLayer, dtype, rows, cols, stride, false, false, true, true});
       }
     }
   }

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from ltx_kernels.bench import harness, norm
+from ltx_kernels.bench import adaln, harness, norm
 
 # (label, rows, hidden): LTX-2B at 49 and 161 frames with CFG, an 8B-class LLM prefill,
 # and latency-bound small batches (decode, a single image).
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = harness.device_meta(copy_gbs)
     print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
     shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
-    cases = norm.cases(shapes)
+    cases = norm.cases(shapes) + adaln.cases([s for s in shapes if s[0].startswith("ltx")])
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
     results = harness.run_cases(cases, copy_gbs)
