@@ -39,24 +39,58 @@ NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
   return p;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps,
-                    double weight_offset) {
-  const auto [w, b] = check_norm_args("rms_norm", x, nullptr, weight, std::nullopt, eps);
+void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift) {
+  if (!scale) return;
+  check_row_vectors(*scale, "scale", x);
+  check_row_vectors(*shift, "shift", x);
+}
+
+// AdaLN modulation: out = norm(x) * (1 + scale) + shift. Sets `p`'s scale and shift and
+// keeps the tensors they point into alive in `keep`.
+void set_modulation(NormParams& p, const at::Tensor& x, const at::Tensor& scale,
+                    const at::Tensor& shift, at::Tensor (&keep)[3]) {
+  p.tokens = p.rows / batches_of(x);
+  p.scale = row_vectors(scale, x, keep[0]);
+  p.shift = row_vectors(shift, x, keep[1]);
+}
+
+// One normalization of x, modulated when scale (and shift) are given: rms_norm,
+// layer_norm, adaln_rms_norm and adaln_layer_norm.
+at::Tensor normalize(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
+                     const OptTensor& bias, double eps, double weight_offset,
+                     const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
+  const auto [w, b] = check_norm_args(op, x, nullptr, weight, bias, eps);
+  check_modulation(x, scale, shift);
   const Rows rows = as_rows(x);
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (rows.rows == 0) return out;
-  run(make_params(NormType::kRms, rows, w, b, eps, weight_offset, out), x, "rms_norm");
+  NormParams p = make_params(type, rows, w, b, eps, weight_offset, out);
+  at::Tensor keep[3];
+  if (scale) set_modulation(p, x, *scale, *shift, keep);
+  run(p, x, op);
   return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps,
+                    double weight_offset) {
+  return normalize("rms_norm", NormType::kRms, x, weight, std::nullopt, eps, weight_offset);
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                       double eps) {
-  const auto [w, b] = check_norm_args("layer_norm", x, nullptr, weight, bias, eps);
-  const Rows rows = as_rows(x);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (rows.rows == 0) return out;
-  run(make_params(NormType::kLayer, rows, w, b, eps, 0.0, out), x, "layer_norm");
-  return out;
+  return normalize("layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0);
+}
+
+at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                          const OptTensor& weight, double eps) {
+  return normalize("adaln_rms_norm", NormType::kRms, x, weight, std::nullopt, eps, 0.0, &scale,
+                   &shift);
+}
+
+at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                            const OptTensor& weight, const OptTensor& bias, double eps) {
+  return normalize("adaln_layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, &scale,
+                   &shift);
 }
 
 // Writes rms_norm(x + residual) to the returned tensor and x + residual to residual_out.
@@ -98,48 +132,6 @@ at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const 
                            weight_offset);
 }
 
-// AdaLN modulation: out = norm(x) * (1 + scale) + shift. Writes into `p`'s scale/shift and
-// keeps the tensors they point into alive in `keep`.
-void set_modulation(NormParams& p, const at::Tensor& x, const at::Tensor& scale,
-                    const at::Tensor& shift, at::Tensor (&keep)[3]) {
-  p.tokens = p.rows / batches_of(x);
-  p.scale = row_vectors(scale, x, keep[0]);
-  p.shift = row_vectors(shift, x, keep[1]);
-}
-
-void check_modulation(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
-  check_row_vectors(scale, "scale", x);
-  check_row_vectors(shift, "shift", x);
-}
-
-at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-                          const OptTensor& weight, double eps) {
-  const auto [w, b] = check_norm_args("adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, scale, shift);
-  const Rows rows = as_rows(x);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (rows.rows == 0) return out;
-  NormParams p = make_params(NormType::kRms, rows, w, b, eps, 0.0, out);
-  at::Tensor keep[3];
-  set_modulation(p, x, scale, shift, keep);
-  run(p, x, "adaln_rms_norm");
-  return out;
-}
-
-at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-                            const OptTensor& weight, const OptTensor& bias, double eps) {
-  const auto [w, b] = check_norm_args("adaln_layer_norm", x, nullptr, weight, bias, eps);
-  check_modulation(x, scale, shift);
-  const Rows rows = as_rows(x);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (rows.rows == 0) return out;
-  NormParams p = make_params(NormType::kLayer, rows, w, b, eps, 0.0, out);
-  at::Tensor keep[3];
-  set_modulation(p, x, scale, shift, keep);
-  run(p, x, "adaln_layer_norm");
-  return out;
-}
-
 // x_new = x + y * gate; normed = rms_norm(x_new) * (1 + scale) + shift.
 std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
     const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
@@ -149,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
   check_activation(y, "y");
   check_like(y, "y", x, "x");
   if (gate) check_row_vectors(*gate, "gate", x);
-  check_modulation(x, scale, shift);
+  check_modulation(x, &scale, &shift);
   const Rows x_rows = as_rows(x);
   const Rows y_rows = as_rows(y);
   at::Tensor x_new = at::empty(x.sizes(), x.options());
@@ -171,15 +163,32 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
 // Meta (fake) implementations: same checks, outputs of the right shape, no data.
 at::Tensor empty_like_x(const at::Tensor& x) { return at::empty_symint(x.sym_sizes(), x.options()); }
 
-at::Tensor rms_norm_meta(const at::Tensor& x, const OptTensor& weight, double eps, double) {
-  check_norm_args("rms_norm", x, nullptr, weight, std::nullopt, eps);
+at::Tensor normalize_meta(const char* op, const at::Tensor& x, const OptTensor& weight,
+                          const OptTensor& bias, double eps, const at::Tensor* scale = nullptr,
+                          const at::Tensor* shift = nullptr) {
+  check_norm_args(op, x, nullptr, weight, bias, eps);
+  check_modulation(x, scale, shift);
   return empty_like_x(x);
+}
+
+at::Tensor rms_norm_meta(const at::Tensor& x, const OptTensor& weight, double eps, double) {
+  return normalize_meta("rms_norm", x, weight, std::nullopt, eps);
 }
 
 at::Tensor layer_norm_meta(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                            double eps) {
-  check_norm_args("layer_norm", x, nullptr, weight, bias, eps);
-  return empty_like_x(x);
+  return normalize_meta("layer_norm", x, weight, bias, eps);
+}
+
+at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
+                               const at::Tensor& shift, const OptTensor& weight, double eps) {
+  return normalize_meta("adaln_rms_norm", x, weight, std::nullopt, eps, &scale, &shift);
+}
+
+at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
+                                 const at::Tensor& shift, const OptTensor& weight,
+                                 const OptTensor& bias, double eps) {
+  return normalize_meta("adaln_layer_norm", x, weight, bias, eps, &scale, &shift);
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_meta(const at::Tensor& x,
@@ -196,22 +205,6 @@ at::Tensor fused_add_rms_norm__meta(const at::Tensor& x, at::Tensor& residual,
   return empty_like_x(x);
 }
 
-
-at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
-                               const at::Tensor& shift, const OptTensor& weight, double eps) {
-  check_norm_args("adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, scale, shift);
-  return empty_like_x(x);
-}
-
-at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
-                                 const at::Tensor& shift, const OptTensor& weight,
-                                 const OptTensor& bias, double eps) {
-  check_norm_args("adaln_layer_norm", x, nullptr, weight, bias, eps);
-  check_modulation(x, scale, shift);
-  return empty_like_x(x);
-}
-
 std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_meta(
     const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
     const at::Tensor& shift, const OptTensor& weight, double eps) {
@@ -219,31 +212,27 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_meta(
   check_activation(y, "y");
   check_like(y, "y", x, "x");
   if (gate) check_row_vectors(*gate, "gate", x);
-  check_modulation(x, scale, shift);
+  check_modulation(x, &scale, &shift);
   return {empty_like_x(x), empty_like_x(x)};
 }
+
+// CPU and CUDA share the implementations: `run` picks the reference or the launcher.
+void register_impls(torch::Library& m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
+  m.impl("layer_norm", &layer_norm);
+  m.impl("adaln_rms_norm", &adaln_rms_norm);
+  m.impl("adaln_layer_norm", &adaln_layer_norm);
+  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
-  m.impl("layer_norm", &layer_norm);
-  m.impl("adaln_rms_norm", &adaln_rms_norm);
-  m.impl("adaln_layer_norm", &adaln_layer_norm);
-  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
-}
+TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { register_impls(m); }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
-  m.impl("layer_norm", &layer_norm);
-  m.impl("adaln_rms_norm", &adaln_rms_norm);
-  m.impl("adaln_layer_norm", &adaln_layer_norm);
-  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
-}
+TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { register_impls(m); }
 #endif
 
 TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) {
