@@ -24,17 +24,6 @@ enum class NormType : int32_t {
   kLayer = 1,  // (x - mean) * rsqrt(var + eps), biased variance
 };
 
-// One [cols] vector per row, broadcast over rows. The rows are seen as [batches, tokens]
-// (rows = batches * tokens); row r uses the vector at
-//   ptr + (r / tokens) * batch_stride + (r % tokens) * token_stride   (elements)
-// so strides (0, 0) is one [cols] vector, (s, 0) one per batch ([B, 1, D]) and (s, t) one
-// per token ([B, S, D], possibly a strided view such as LTX's unbind of [B, S, 6, D]).
-struct RowVectors {
-  const void* ptr = nullptr;  // nullptr: absent
-  int64_t batch_stride = 0;
-  int64_t token_stride = 0;
-};
-
 struct NormParams {
   NormType type = NormType::kRms;
   DType dtype = DType::kFloat32;  // of every tensor below

@@ -19,6 +19,17 @@ inline const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
+// One [cols] vector per row, broadcast over rows. The rows are seen as [batches, tokens]
+// (rows = batches * tokens); row r uses the vector at
+//   ptr + (r / tokens) * batch_stride + (r % tokens) * token_stride   (elements)
+// so strides (0, 0) is one [cols] vector, (s, 0) one per batch ([B, 1, D]) and (s, t) one
+// per token ([B, S, D], possibly a strided view such as LTX's unbind of [B, S, 6, D]).
+struct RowVectors {
+  const void* ptr = nullptr;  // nullptr: absent
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+};
+
 // nullptr when a params struct can be run, otherwise a message saying what is wrong.
 // Launchers refuse (cudaErrorInvalidValue) whatever this rejects, so bad params never
 // reach a kernel; the torch layer checks tensors first and names the argument.

@@ -113,6 +113,264 @@ def gated_residual_adaln_rms_norm(
     return _ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, weight, eps)
 
 
+def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + y * gate`` in fp32, rounded once (``gate=None`` means 1).
+
+    ``gate`` broadcasts over rows like :func:`adaln_rms_norm`'s ``scale``: ``[D]``, per batch
+    ``[B, 1, D]`` or per token (``x``'s shape), strided views read in place. When the next
+    op is an RMS norm with modulation, :func:`gated_residual_adaln_rms_norm` saves a pass.
+    """
+    return _ops.gated_residual(x, y, gate)
+
+
+# Activations. Math is fp32 (accurate tanh / erf / exp), rounded once.
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """``gelu(x, approximate="tanh")``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    return _ops.gelu_tanh(x)
+
+
+def gelu_tanh_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``gelu_tanh(a) * b`` (GEGLU with the tanh GELU, two inputs of the same shape)."""
+    return _ops.gelu_tanh_and_mul(a, b)
+
+
+def gelu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``gelu(a) * b`` with the exact (erf) GELU. diffusers' ``GEGLU`` computes
+    ``hidden * gelu(gate)`` for ``hidden, gate = proj(x).chunk(2, -1)``: that is
+    ``gelu_and_mul(gate, hidden)`` (the halves can be passed as the views ``chunk`` returns)."""
+    return _ops.gelu_and_mul(a, b)
+
+
+def silu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` (SwiGLU as Llama's MLP computes ``act(gate_proj(x)) * up_proj(x)``)."""
+    return _ops.silu_and_mul(a, b)
+
+
+def _gelu_approximate(approximate: bool | str) -> str:
+    if isinstance(approximate, bool):
+        return "tanh" if approximate else "none"
+    return approximate
+
+
+def geglu(
+    input: torch.Tensor, out: torch.Tensor | None = None, approximate: bool | str = True
+) -> torch.Tensor:
+    """GEGLU on a concatenated ``[..., 2H]`` input: ``gelu(input[..., :H]) * input[..., H:]``.
+
+    ``approximate``: ``True`` / ``"tanh"`` (default) or ``False`` / ``"none"`` (exact erf
+    GELU). ``out``: an optional contiguous ``[..., H]`` tensor written in place. (The
+    signature of the original package; note that diffusers' ``GEGLU`` gates the other half,
+    see :func:`gelu_and_mul`.)
+    """
+    approximate = _gelu_approximate(approximate)
+    if out is None:
+        return _ops.geglu(input, approximate)
+    _ops.geglu.out(input, approximate, out=out)
+    return out
+
+
+def swiglu(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU on a concatenated ``[..., 2H]`` input: ``silu(input[..., :H]) * input[..., H:]``."""
+    if out is None:
+        return _ops.swiglu(input)
+    _ops.swiglu.out(input, out=out)
+    return out
+
+
+# Rotary position embeddings.
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool = False,
+    unsqueeze_dim: int = 1,
+    sections: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q * cos + rotate(q) * sin, k * cos + rotate(k) * sin)`` with the model's cos/sin.
+
+    ``q``, ``k``: ``[B, H, S, Dh]`` (``unsqueeze_dim=1``, as transformers passes them) or
+    ``[B, S, H, Dh]`` (``unsqueeze_dim=2``), any strides with a contiguous last dim (views
+    of a fused QKV projection are read in place); ``k`` may have fewer heads (GQA).
+    ``cos``, ``sin``: ``[B, S, R]`` or ``[S, R]`` in the dtype of q or float32, as the model's
+    rotary module returns them (so rope scaling is whatever the model computed). Channels
+    ``>= R`` pass through (partial rotary). ``rotate`` is transformers' ``rotate_half``
+    (pairs ``(i, i + R/2)``) or, with ``interleaved=True``, pairs ``(2i, 2i + 1)``;
+    ``sections`` splits the ``R`` channels into up to three half-split sections.
+    fp32 math, one rounding; returns new tensors shaped like q and k.
+    """
+    return _ops.apply_rotary_pos_emb(q, k, cos, sin, interleaved, unsqueeze_dim, sections)
+
+
+def _rope_angles(positions: torch.Tensor, dims: int, theta: float) -> torch.Tensor:
+    """``positions[:, None] * theta ** (-2i / dims)`` for i < dims / 2, in float64."""
+    exponents = torch.arange(0, dims, 2, dtype=torch.float64, device=positions.device) / dims
+    return positions.to(torch.float64)[:, None] * theta ** (-exponents)[None, :]
+
+
+def rope_1d(
+    query: torch.Tensor, key: torch.Tensor, theta_base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Standard RoPE on ``[B, S, H, Dh]`` query and key (the original package's op).
+
+    Positions ``0..S-1``, frequencies ``theta_base ** (-2i / Dh)``, interleaved pairs
+    ``(2i, 2i + 1)`` rotated by ``position * freq_i``. Returns new tensors (the original
+    returned its inputs modified in place). The angle tables (``[S, Dh]``) are formed in
+    float64 and rounded to float32.
+    """
+    seq, head_dim = query.shape[1], query.shape[-1]
+    positions = torch.arange(seq, device=query.device)
+    angles = _rope_angles(positions, head_dim, theta_base).repeat_interleave(2, dim=-1)
+    cos, sin = angles.cos().float(), angles.sin().float()
+    return apply_rotary_pos_emb(query, key, cos, sin, interleaved=True, unsqueeze_dim=2)
+
+
+def rope_3d_sections(head_dim: int) -> tuple[int, int, int]:
+    """How :func:`rope_3d` splits ``head_dim``: ``t = h = 2 * (head_dim // 6)`` channels for
+    frames and height, ``w = 2 * ((head_dim - t - h) // 2)`` for width; an odd last channel
+    passes through."""
+    t = (head_dim // 3) // 2 * 2
+    return t, t, (head_dim - 2 * t) // 2 * 2
+
+
+def rope_3d(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    num_frames: int,
+    height: int,
+    width: int,
+    theta_base: float = 10000.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """3D video RoPE per head on ``[B, F*H*W, heads, Dh]`` query and key.
+
+    Token ``s`` is the grid point ``(f, h, w) = (s // (H*W), (s // W) % H, s % W)``.
+    ``head_dim`` is split into three consecutive sections of sizes :func:`rope_3d_sections`
+    for ``f``, ``h`` and ``w``. In a section of ``n`` channels starting at ``c0``, channel
+    ``c0 + i`` pairs with ``c0 + n/2 + i`` (``rotate_half`` within the section) and both are
+    rotated by ``position * theta_base ** (-2i / n)``. Channels after the three sections (one
+    when ``Dh`` is odd) pass through. Returns new tensors.
+    """
+    head_dim = query.shape[-1]
+    if query.shape[1] != num_frames * height * width:
+        raise ValueError(
+            f"query must have num_frames * height * width = {num_frames * height * width} "
+            f"tokens, got shape {tuple(query.shape)}"
+        )
+    device = query.device
+    grid = torch.meshgrid(
+        torch.arange(num_frames, device=device),
+        torch.arange(height, device=device),
+        torch.arange(width, device=device),
+        indexing="ij",
+    )
+    sections = [n for n in rope_3d_sections(head_dim)]
+    angles = torch.cat(
+        [_rope_angles(g.reshape(-1), n, theta_base).repeat(1, 2) for g, n in zip(grid, sections)],
+        dim=-1,
+    )
+    cos, sin = angles.cos().float(), angles.sin().float()
+    return apply_rotary_pos_emb(
+        query, key, cos, sin, interleaved=False, unsqueeze_dim=2, sections=sections
+    )
+
+
+def ltx_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """diffusers' LTX-Video ``apply_rotary_emb(x, (cos, sin))``: ``x`` is ``[B, S, D]`` (all
+    heads), ``cos``/``sin`` the ``[B, S, D]`` tables of ``LTXVideoRotaryPosEmbed`` (float32, or
+    x's dtype); interleaved pairs, per-channel cos/sin, fp32 math."""
+    return _ops.ltx_rope(x, cos, sin)
+
+
+def _ltx_positions(
+    num_frames: int,
+    height: int,
+    width: int,
+    rope_interpolation_scale,
+    video_coords: torch.Tensor | None,
+    base_num_frames: int,
+    base_height: int,
+    base_width: int,
+    patch_size: int,
+    patch_size_t: int,
+) -> tuple[list[int], list[float]]:
+    """(grid, axis_scale) of LTXVideoRotaryPosEmbed: positions are scaled per axis by
+    ``axis_scale`` before ``2 * g - 1``."""
+    grid = [int(num_frames), int(height), int(width)]
+    base = (base_num_frames, base_height, base_width)
+    if video_coords is not None:
+        return grid, [1.0 / b for b in base]
+    if rope_interpolation_scale is None:
+        return grid, [1.0, 1.0, 1.0]
+    patches = (patch_size_t, patch_size, patch_size)
+    return grid, [float(r) * p / b for r, p, b in zip(rope_interpolation_scale, patches, base)]
+
+
+def ltx_rope_angles(
+    x: torch.Tensor,
+    num_frames: int,
+    height: int,
+    width: int,
+    rope_interpolation_scale=None,
+    video_coords: torch.Tensor | None = None,
+    theta: float = 10000.0,
+    *,
+    base_num_frames: int = 20,
+    base_height: int = 2048,
+    base_width: int = 2048,
+    patch_size: int = 1,
+    patch_size_t: int = 1,
+) -> torch.Tensor:
+    """LTX-Video RoPE with the angles computed in the kernel: the same result as
+    ``apply_rotary_emb(x, LTXVideoRotaryPosEmbed(D, ...)(x, num_frames, height, width,
+    rope_interpolation_scale, video_coords))`` without materializing the tables.
+
+    Positions: the ``(num_frames, height, width)`` grid (``S`` must be their product),
+    scaled by ``rope_interpolation_scale[a] * patch / base`` per axis when given, or
+    ``video_coords`` (``[B, 3, S]``) divided by the bases. Angles are formed in fp64, so they
+    are more accurate than diffusers' fp32 tables (see ``include/ltx_kernels/rope.h``).
+    """
+    grid, scale = _ltx_positions(
+        num_frames, height, width, rope_interpolation_scale, video_coords,
+        base_num_frames, base_height, base_width, patch_size, patch_size_t,
+    )
+    return _ops.ltx_rope_angles(x, grid, scale, video_coords, theta)
+
+
+def ltx_qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weight_q: torch.Tensor | None,
+    weight_k: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    num_frames: int,
+    height: int,
+    width: int,
+    rope_interpolation_scale=None,
+    video_coords: torch.Tensor | None = None,
+    theta: float = 10000.0,
+    base_num_frames: int = 20,
+    base_height: int = 2048,
+    base_width: int = 2048,
+    patch_size: int = 1,
+    patch_size_t: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LTX-Video attention's query/key path in one launch: ``norm_q`` / ``norm_k`` (RMS norm
+    across the whole ``[B, S, D]`` row with weight) followed by the LTX RoPE of
+    :func:`ltx_rope_angles`, for q and k together (each angle computed once for both).
+    ``q`` and ``k`` may be row-strided views (e.g. of a fused projection). fp32 math from
+    load to store: the normalized values are not rounded before the rotation."""
+    grid, scale = _ltx_positions(
+        num_frames, height, width, rope_interpolation_scale, video_coords,
+        base_num_frames, base_height, base_width, patch_size, patch_size_t,
+    )
+    return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, eps, grid, scale, video_coords, theta)
+
+
 # Names of the original ltx_kernels package, kept so code written against it keeps working.
 
 
@@ -126,3 +384,65 @@ def rmsnorm_residual(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Old name of :func:`fused_add_rms_norm`: returns ``(out, residual_out)``."""
     return fused_add_rms_norm(input, residual, weight, eps)
+
+
+def _per_batch(t: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The original package accepted [B, D] modulation for a [B, S, D] input."""
+    return t.unsqueeze(1) if t.dim() == 2 and input.dim() == 3 else t
+
+
+def _into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The original ``out=`` argument: the result is copied into ``out`` (one extra pass)."""
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
+def adaln_rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Old name: ``rms_norm(input) * weight * (1 + scale) + shift`` (:func:`adaln_rms_norm`);
+    ``scale``/``shift`` may also be ``[B, D]`` for a ``[B, S, D]`` input."""
+    result = adaln_rms_norm(input, _per_batch(scale, input), _per_batch(shift, input), weight, eps)
+    return _into(result, out)
+
+
+def adaln_layernorm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Old name: ``(layer_norm(input) * weight + bias) * (1 + scale) + shift``
+    (:func:`adaln_layer_norm`); ``[B, D]`` modulation accepted as in :func:`adaln_rmsnorm`."""
+    result = adaln_layer_norm(
+        input, _per_batch(scale, input), _per_batch(shift, input), weight, bias, eps
+    )
+    return _into(result, out)
+
+
+def adaln_zero(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    gate: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Old name: ``(rms_norm(input) * weight * (1 + scale) + shift) * gate``.
+
+    Two passes (:func:`adaln_rms_norm`, then the gate multiply). In a DiT the gate belongs on
+    the branch output: :func:`gated_residual` / :func:`gated_residual_adaln_rms_norm` fuse it
+    where it is used.
+    """
+    result = adaln_rmsnorm(input, weight, scale, shift, eps) * _per_batch(gate, input)
+    return _into(result, out)

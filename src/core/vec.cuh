@@ -59,6 +59,43 @@ __device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec) {
   *reinterpret_cast<Vec<T, N>*>(ptr) = vec;
 }
 
+// W elements as W / A accesses of A elements each: A = W when the data is aligned for it,
+// smaller otherwise (the vector's size and the data's alignment are chosen separately).
+template <typename T, int W, int A>
+__device__ __forceinline__ Vec<T, W> load_stream_parts(const T* ptr) {
+  static_assert(W % A == 0);
+  Vec<T, W> vec;
+#pragma unroll
+  for (int i = 0; i < W / A; ++i) {
+    const Vec<T, A> part = load_stream<T, A>(ptr + i * A);
+    memcpy(vec.v + i * A, part.v, sizeof(part));
+  }
+  return vec;
+}
+
+template <typename T, int W, int A>
+__device__ __forceinline__ Vec<T, W> load_cached_parts(const T* ptr) {
+  static_assert(W % A == 0);
+  Vec<T, W> vec;
+#pragma unroll
+  for (int i = 0; i < W / A; ++i) {
+    const Vec<T, A> part = load_cached<T, A>(ptr + i * A);
+    memcpy(vec.v + i * A, part.v, sizeof(part));
+  }
+  return vec;
+}
+
+template <typename T, int W, int A>
+__device__ __forceinline__ void store_parts(T* ptr, const Vec<T, W>& vec) {
+  static_assert(W % A == 0);
+#pragma unroll
+  for (int i = 0; i < W / A; ++i) {
+    Vec<T, A> part;
+    memcpy(part.v, vec.v + i * A, sizeof(part));
+    store(ptr + i * A, part);
+  }
+}
+
 // A vector of zeros (all-zero bits are 0 in float, half and bfloat16).
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> zeros() {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ltx_kernels/norm.h"
+#include "ops/host_util.h"
 
 namespace ltx_kernels {
 
@@ -31,17 +32,9 @@ ValidationError validate(const NormParams& p) {
   return nullptr;
 }
 
-namespace {
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-bool aligned_vectors(const RowVectors& v, int vec) {
-  return aligned16(v.ptr) && v.batch_stride % vec == 0 && v.token_stride % vec == 0;
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
+using host_util::aligned16;
+using host_util::aligned_vectors;
+using host_util::ceil_div;
 
 NormLaunchPlan plan_norm(const NormParams& p) {
   NormLaunchPlan plan;

@@ -10,6 +10,7 @@
 #include <climits>
 
 #include "core/reduce.cuh"
+#include "core/row_vectors.cuh"
 #include "core/vec.cuh"
 #include "ltx_kernels/norm.h"
 
@@ -27,16 +28,6 @@ struct RowPtrs {
   T* residual_out;
   T* out;
 };
-
-// This row's vector of a RowVectors (nullptr when absent).
-template <typename T>
-__device__ __forceinline__ const T* row_vector(const NormParams& p, const RowVectors& v,
-                                               int64_t row) {
-  if (!v.ptr) return nullptr;
-  const int64_t batch = row / p.tokens;
-  const int64_t token = row - batch * p.tokens;
-  return static_cast<const T*>(v.ptr) + batch * v.batch_stride + token * v.token_stride;
-}
 
 template <typename T>
 __device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row) {
@@ -149,7 +140,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
       if (valid(i)) res[i] = core::load_stream<T, N>(r.residual + col(i));
-    const T* gate = row_vector<T>(p, p.gate, row);
+    const T* gate = core::row_vector<T>(p.gate, row, p.tokens);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
@@ -171,8 +162,8 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
                ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col(i))
                : Vec<T, N>{};
   };
-  const T* scale = MOD ? row_vector<T>(p, p.scale, row) : nullptr;
-  const T* shift = MOD ? row_vector<T>(p, p.shift, row) : nullptr;
+  const T* scale = MOD ? core::row_vector<T>(p.scale, row, p.tokens) : nullptr;
+  const T* shift = MOD ? core::row_vector<T>(p.shift, row, p.tokens) : nullptr;
   const auto scale_at = [&](int i) {
     return MOD ? core::load_cached<T, N>(scale + col(i)) : Vec<T, N>{};
   };
@@ -245,9 +236,9 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   const T* h_src = r.residual ? r.residual_out : r.x;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
-  const T* gate = row_vector<T>(p, p.gate, active ? row : 0);
-  const T* scale = row_vector<T>(p, p.scale, active ? row : 0);
-  const T* shift = row_vector<T>(p, p.shift, active ? row : 0);
+  const T* gate = core::row_vector<T>(p.gate, active ? row : 0, p.tokens);
+  const T* scale = core::row_vector<T>(p.scale, active ? row : 0, p.tokens);
+  const T* shift = core::row_vector<T>(p.shift, active ? row : 0, p.tokens);
 
   float sum = 0.0f;
   float sq = 0.0f;

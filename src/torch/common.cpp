@@ -1,7 +1,6 @@
 #include "torch/common.h"
 
 namespace ltx_kernels::torch_ext {
-namespace {
 
 // Messages format numbers, sizes and devices with std::to_string rather than through
 // std::ostream (which c10::str and TORCH_CHECK use): streaming a number or a SymInt from
@@ -17,14 +16,16 @@ std::string dims_str(c10::SymIntArrayRef dims) {
   return s + "]";
 }
 
+namespace {
+
 std::string dim_str(const c10::SymInt& dim) { return dims_str(c10::SymIntArrayRef(&dim, 1)); }
+
+}  // namespace
 
 std::string device_str(const at::Device& device) {
   std::string s = device.is_cuda() ? "cuda" : device.is_cpu() ? "cpu" : device.is_meta() ? "meta" : "other";
   return device.has_index() ? s + ":" + std::to_string(device.index()) : s;
 }
-
-}  // namespace
 
 DType to_dtype(at::ScalarType type) {
   switch (type) {

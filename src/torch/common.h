@@ -18,6 +18,10 @@ namespace ltx_kernels::torch_ext {
 
 DType to_dtype(at::ScalarType type);
 
+// Sizes and devices for error messages, formatted without std::ostream (see common.cpp).
+std::string dims_str(c10::SymIntArrayRef dims);
+std::string device_str(const at::Device& device);
+
 // x is float32/float16/bfloat16 with at least one dim and a contiguous last dim.
 void check_activation(const at::Tensor& x, const char* name);
 

@@ -20,4 +20,27 @@ TORCH_LIBRARY(ltx_kernels, m) {
         " Tensor? bias=None, float eps=1e-6) -> Tensor");
   m.def("gated_residual_adaln_rms_norm(Tensor x, Tensor y, Tensor? gate, Tensor scale,"
         " Tensor shift, Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed)");
+
+  // Elementwise family (elementwise.cpp). Concatenated inputs are [..., 2H]:
+  // act(x[..., :H]) * x[..., H:]. approximate: 'tanh' or 'none' (exact erf GELU). The .out
+  // forms write a given tensor and return nothing (custom ops cannot return an alias).
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("gelu_tanh_and_mul(Tensor a, Tensor b) -> Tensor");
+  m.def("gelu_and_mul(Tensor a, Tensor b) -> Tensor");
+  m.def("silu_and_mul(Tensor a, Tensor b) -> Tensor");
+  m.def("geglu(Tensor x, str approximate='tanh') -> Tensor");
+  m.def("geglu.out(Tensor x, str approximate='tanh', *, Tensor(a!) out) -> ()");
+  m.def("swiglu(Tensor x) -> Tensor");
+  m.def("swiglu.out(Tensor x, *, Tensor(a!) out) -> ()");
+  m.def("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor");
+  // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
+  // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
+  m.def("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"
+        " int unsqueeze_dim=1, int[]? sections=None) -> (Tensor q_out, Tensor k_out)");
+  m.def("ltx_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("ltx_rope_angles(Tensor x, int[3] grid, float[3] axis_scale, Tensor? video_coords=None,"
+        " float theta=10000.0) -> Tensor");
+  m.def("ltx_qk_norm_rope(Tensor q, Tensor k, Tensor? weight_q, Tensor? weight_k, float eps,"
+        " int[3] grid, float[3] axis_scale, Tensor? video_coords=None, float theta=10000.0)"
+        " -> (Tensor q_out, Tensor k_out)");
 }

@@ -1,0 +1,136 @@
+// CUDA kernels and launcher of the elementwise family (see include/ltx_kernels/elementwise.h).
+//
+// A block covers up to 256 vectors of a row (several blocks side by side for wide rows) and
+// kRowsPerThread rows, whose loads are all issued before any math so that each thread has
+// several 16-byte loads in flight: at memory speed, bytes in flight per SM is what counts.
+#include <climits>
+
+#include "core/row_vectors.cuh"
+#include "core/vec.cuh"
+#include "ltx_kernels/elementwise.h"
+
+namespace ltx_kernels {
+namespace {
+
+using core::Floats;
+using core::Vec;
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerThread = 4;
+constexpr unsigned kMaxGridY = 65535;
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <ElementwiseOp OP>
+__device__ __forceinline__ float apply(float a, float b, float gate) {
+  if constexpr (OP == ElementwiseOp::kGeluTanh) return gelu_tanh(a);
+  if constexpr (OP == ElementwiseOp::kGeluTanhAndMul) return gelu_tanh(a) * b;
+  if constexpr (OP == ElementwiseOp::kGeluAndMul) return gelu(a) * b;
+  if constexpr (OP == ElementwiseOp::kSiluAndMul) return silu(a) * b;
+  if constexpr (OP == ElementwiseOp::kGatedResidual) return fmaf(b, gate, a);
+}
+
+template <typename T, int N, ElementwiseOp OP>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(const ElementwiseParams p) {
+  constexpr bool kHasB = OP != ElementwiseOp::kGeluTanh;
+  constexpr bool kHasGate = OP == ElementwiseOp::kGatedResidual;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * N;
+  if (col >= p.cols) return;
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerThread; row0 < p.rows;
+       row0 += static_cast<int64_t>(gridDim.y) * kRowsPerThread) {
+    Vec<T, N> av[kRowsPerThread], bv[kRowsPerThread], gv[kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int64_t row = row0 + i;
+      if (row >= p.rows) break;
+      av[i] = core::load_stream<T, N>(a + row * p.a_row_stride + col);
+      if constexpr (kHasB) bv[i] = core::load_stream<T, N>(b + row * p.b_row_stride + col);
+      if constexpr (kHasGate) {
+        const T* gate = core::row_vector<T>(p.gate, row, p.tokens);
+        gv[i] = gate ? core::load_cached<T, N>(gate + col) : Vec<T, N>{};
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int64_t row = row0 + i;
+      if (row >= p.rows) break;
+      const Floats<N> af = core::widen(av[i]);
+      Floats<N> bf{}, gf{};
+      if constexpr (kHasB) bf = core::widen(bv[i]);
+      if constexpr (kHasGate) {
+        if (p.gate.ptr) {
+          gf = core::widen(gv[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < N; ++j) gf.v[j] = 1.0f;
+        }
+      }
+      Floats<N> y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) y.v[j] = apply<OP>(af.v[j], bf.v[j], gf.v[j]);
+      core::store(out + row * p.out_row_stride + col, core::narrow<T>(y));
+    }
+  }
+}
+
+template <typename T, int N>
+cudaError_t launch_vec(const ElementwiseParams& p, cudaStream_t stream) {
+  const int64_t vectors = p.cols / N;
+  const int64_t col_blocks = (vectors + kThreads - 1) / kThreads;
+  const int64_t row_groups = (p.rows + kRowsPerThread - 1) / kRowsPerThread;
+  if (col_blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(col_blocks),
+                  static_cast<unsigned>(row_groups < kMaxGridY ? row_groups : kMaxGridY));
+  switch (p.op) {
+    case ElementwiseOp::kGeluTanh:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluTanh><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGeluTanhAndMul:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluTanhAndMul><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGeluAndMul:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluAndMul><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kSiluAndMul:
+      elementwise_kernel<T, N, ElementwiseOp::kSiluAndMul><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGatedResidual:
+      elementwise_kernel<T, N, ElementwiseOp::kGatedResidual><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_typed(const ElementwiseParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  return elementwise_vector(p) == kVec ? launch_vec<T, kVec>(p, stream)
+                                       : launch_vec<T, 1>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch(const ElementwiseParams& p, cudaStream_t stream) {
+  if (validate(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.rows == 0 || p.cols == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_typed<float>(p, stream);
+    case DType::kFloat16: return launch_typed<__half>(p, stream);
+    case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltx_kernels

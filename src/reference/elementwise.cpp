@@ -1,0 +1,47 @@
+// CPU reference of the elementwise family: the formulas of elementwise.h in double.
+#include <cmath>
+#include <stdexcept>
+
+#include "ltx_kernels/elementwise.h"
+#include "reference/convert.h"
+
+namespace ltx_kernels {
+
+namespace {
+
+double gelu_tanh(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+}  // namespace
+
+void reference(const ElementwiseParams& p) {
+  if (ValidationError error = validate(p)) throw std::invalid_argument(error);
+  using host::load;
+  for (int64_t row = 0; row < p.rows; ++row) {
+    const int64_t gate_at = (row / p.tokens) * p.gate.batch_stride +
+                            (row % p.tokens) * p.gate.token_stride;
+    for (int64_t c = 0; c < p.cols; ++c) {
+      const double a = load(p.a, row * p.a_row_stride + c, p.dtype);
+      const double b = p.b ? load(p.b, row * p.b_row_stride + c, p.dtype) : 0.0;
+      double y = 0.0;
+      switch (p.op) {
+        case ElementwiseOp::kGeluTanh: y = gelu_tanh(a); break;
+        case ElementwiseOp::kGeluTanhAndMul: y = gelu_tanh(a) * b; break;
+        case ElementwiseOp::kGeluAndMul: y = gelu(a) * b; break;
+        case ElementwiseOp::kSiluAndMul: y = silu(a) * b; break;
+        case ElementwiseOp::kGatedResidual:
+          y = a + b * (p.gate.ptr ? load(p.gate.ptr, gate_at + c, p.dtype) : 1.0);
+          break;
+      }
+      host::store(p.out, row * p.out_row_stride + c, p.dtype, static_cast<float>(y));
+    }
+  }
+}
+
+}  // namespace ltx_kernels
