@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
+# GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
+# time per command is limited; GPU_CHECK_PYTEST passes extra pytest arguments (e.g. -k rope).
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
 # GoogleTest source tree in .gtest/ (used when no system GoogleTest is found).
@@ -9,6 +11,8 @@ cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/ltx_kernels_out}}
 mkdir -p "$out"
 status=0
+stages=${GPU_CHECK_STAGES:-cpp py bench}
+want() { [[ " $stages " == *" $1 "* ]]; }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -19,6 +23,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
 echo "== build (pip install --no-build-isolation .)"
 python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -20 || exit 1
 
+if want cpp; then
 echo "== C++ tests (GoogleTest, CUDA kernels vs CPU reference)"
 gtest_flag=()
 [ -d .gtest ] && gtest_flag=(-DLTX_KERNELS_GTEST_SOURCE="$PWD/.gtest")
@@ -29,13 +34,20 @@ if cmake -S . -B build/cpp -G Ninja -DLTX_KERNELS_TORCH=OFF -DLTX_KERNELS_TESTS=
 else
   tail -30 "$out/cmake.log"; status=1
 fi
+fi
 
+if want py; then
 echo "== Python tests"
-python3 -m pytest tests/python -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -15
+# shellcheck disable=SC2086
+python3 -m pytest tests/python -q -p no:cacheprovider ${GPU_CHECK_PYTEST:-} 2>&1 \
+  | tee "$out/pytest.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== summary: pytest: $(tail -1 "$out/pytest.log")"
+fi
 
+if want bench; then
 echo "== benchmark"
 python3 -m ltx_kernels.bench --json "$out/bench.json" --markdown "$out/bench.md" 2>&1 \
-  | tee "$out/bench.log" | tail -40 || status=1
-echo "== summary: pytest: $(tail -1 "$out/pytest.log")"
+  | tee "$out/bench.log" | tail -60 || status=1
+fi
 exit $status

@@ -69,6 +69,7 @@ at::Tensor and_mul(const char* name, ElementwiseOp op, const at::Tensor& a, cons
   check_like(b, "b", a, "a");
   at::Tensor out = at::empty(a.sizes(), a.options());
   run_into(name, op, a, &b, out);
+  return out;
 }
 
 at::Tensor gelu_tanh_and_mul(const at::Tensor& a, const at::Tensor& b) {

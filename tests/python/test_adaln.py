@@ -142,3 +142,24 @@ def test_bad_modulation_names_the_argument(device):
     for message, call in cases:
         with pytest.raises((ValueError, TypeError), match=message):
             call()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_old_names(device, dtype):
+    """adaln_rmsnorm / adaln_layernorm / adaln_zero of the original package, [B, D]
+    modulation included, and their out= argument."""
+    b, s, d = 2, 5, 96
+    x = torch.randn(b, s, d, dtype=dtype, device=device)
+    w = torch.randn(d, dtype=dtype, device=device)
+    bias = torch.randn(d, dtype=dtype, device=device)
+    scale, shift, gate = (torch.randn(b, d, dtype=dtype, device=device) for _ in range(3))
+    sc, sh, g = scale[:, None].double(), shift[:, None].double(), gate[:, None].double()
+    rms = rms_norm_formula(x, w)
+    assert_close(ltx_kernels.adaln_rmsnorm(x, w, scale, shift), rms * (1 + sc) + sh, dtype)
+    ln = F.layer_norm(x.double(), (d,), w.double(), bias.double(), 1e-5)
+    assert_close(ltx_kernels.adaln_layernorm(x, w, scale, shift, bias), ln * (1 + sc) + sh, dtype)
+    out = torch.full_like(x, float("nan"))
+    assert ltx_kernels.adaln_zero(x, w, scale, shift, gate, out=out) is out
+    # Two roundings (the modulated norm, then the gate product).
+    assert_close(out, (rms * (1 + sc) + sh) * g, dtype, scale=2.0)

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from ltx_kernels.bench import adaln, harness, norm
+from ltx_kernels.bench import adaln, elementwise, harness, norm, rope
 
 # (label, rows, hidden): LTX-2B at 49 and 161 frames with CFG, an 8B-class LLM prefill,
 # and latency-bound small batches (decode, a single image).
@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = harness.device_meta(copy_gbs)
     print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
     shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
-    cases = norm.cases(shapes) + adaln.cases([s for s in shapes if s[0].startswith("ltx")])
+    ltx_shapes = [s for s in shapes if s[0].startswith("ltx")]
+    llm_shapes = [s for s in shapes if s[0].startswith("llm")]
+    cases = (norm.cases(shapes) + adaln.cases(ltx_shapes) + elementwise.cases(ltx_shapes, llm_shapes)
+             + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes))
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
     results = harness.run_cases(cases, copy_gbs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import ltx_kernels
-from ltx_kernels.bench.harness import Case
+from ltx_kernels.bench.harness import Case, rel_err
 
 
 def eager_rms_norm_no_weight(x, eps):
@@ -24,11 +24,6 @@ def eager_gated_norm2(x, y, gate, scale, shift, eps):
     """LTX block: gated residual, then norm2 and its modulation."""
     x = x + y * gate
     return x, eager_rms_norm_no_weight(x, eps) * (1 + scale) + shift
-
-
-def _rel_err(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case]:
@@ -51,7 +46,7 @@ def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case
             "eager": lambda x=x, sc=scale, sh=shift: eager_norm1(x, sc, sh, eps),
             "compile": lambda x=x, sc=scale, sh=shift: compiled_norm1(x, sc, sh, eps),
         }
-        check = lambda x=x, sc=scale, sh=shift: _rel_err(  # noqa: E731
+        check = lambda x=x, sc=scale, sh=shift: rel_err(  # noqa: E731
             ltx_kernels.adaln_rms_norm(x, sc, sh, None, eps), eager_norm1(x, sc, sh, eps))
         out.append(Case("ltx norm1 + modulation", label, 2 * size, impls, check))
 
@@ -61,7 +56,7 @@ def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case
             "eager": lambda x=x, y=y, g=gate, sc=scale, sh=shift: eager_gated_norm2(x, y, g, sc, sh, eps),
             "compile": lambda x=x, y=y, g=gate, sc=scale, sh=shift: compiled_norm2(x, y, g, sc, sh, eps),
         }
-        check = lambda x=x, y=y, g=gate, sc=scale, sh=shift: _rel_err(  # noqa: E731
+        check = lambda x=x, y=y, g=gate, sc=scale, sh=shift: rel_err(  # noqa: E731
             ltx_kernels.gated_residual_adaln_rms_norm(x, y, g, sc, sh, None, eps)[1],
             eager_gated_norm2(x, y, g, sc, sh, eps)[1])
         out.append(Case("ltx gated residual + norm2", label, 4 * size, impls, check))

@@ -57,6 +57,12 @@ def copy_bandwidth_gbs(gib: float = 2.0) -> float:
     return 2 * src.numel() * 4 / us / 1e3
 
 
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp64: the sanity check of ours against the eager anchor."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
 @dataclasses.dataclass
 class Case:
     """One op at one shape, with every implementation to compare."""

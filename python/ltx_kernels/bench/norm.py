@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ltx_kernels
-from ltx_kernels.bench.harness import Case
+from ltx_kernels.bench.harness import Case, rel_err
 
 
 def eager_rms_norm(x, weight, eps):
@@ -41,11 +41,6 @@ def _liger():
     return LigerRMSNormFunction, LigerLayerNormFunction, LigerFusedAddRMSNormFunction
 
 
-def _rel_err(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
 def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case]:
     liger = _liger()
     compiled_rms = torch.compile(eager_rms_norm)
@@ -68,7 +63,7 @@ def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case
         if liger:
             impls["liger"] = lambda x=x, w=w: liger[0].apply(x, w, eps)
         out.append(Case("rms_norm", label, 2 * size + 2 * d, impls,
-                        lambda x=x, w=w: _rel_err(ltx_kernels.rms_norm(x, w, eps), eager_rms_norm(x, w, eps))))
+                        lambda x=x, w=w: rel_err(ltx_kernels.rms_norm(x, w, eps), eager_rms_norm(x, w, eps))))
 
         impls = {
             "ltx_kernels": lambda x=x, r=r, w=w: ltx_kernels.fused_add_rms_norm(x, r, w, eps),
@@ -78,7 +73,7 @@ def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case
         if liger and liger[2]:
             impls["liger"] = lambda x=x, r=r, w=w: liger[2].apply(x, r, w, eps)
         out.append(Case("fused_add_rms_norm", label, 4 * size + 2 * d, impls,
-                        lambda x=x, r=r, w=w: _rel_err(ltx_kernels.fused_add_rms_norm(x, r, w, eps)[0],
+                        lambda x=x, r=r, w=w: rel_err(ltx_kernels.fused_add_rms_norm(x, r, w, eps)[0],
                                                        eager_fused_add_rms_norm(x, r, w, eps)[0])))
 
         impls = {
@@ -89,6 +84,6 @@ def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case
         if liger:
             impls["liger"] = lambda x=x, w=w, b=b: liger[1].apply(x, w, b, eps)
         out.append(Case("layer_norm", label, 2 * size + 4 * d, impls,
-                        lambda x=x, w=w, b=b: _rel_err(ltx_kernels.layer_norm(x, w, b, eps),
+                        lambda x=x, w=w, b=b: rel_err(ltx_kernels.layer_norm(x, w, b, eps),
                                                        eager_layer_norm(x, w, b, eps))))
     return out
