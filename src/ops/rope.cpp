@@ -60,6 +60,7 @@ int rope_vector(const RopeParams& p) {
 ValidationError validate(const LtxRopeParams& p) {
   if (p.batches < 0 || p.tokens < 0) return "batches and tokens must be >= 0";
   if (p.cols < 1) return "cols must be >= 1";
+  if (p.cols > INT32_MAX) return "cols must be < 2^31";
   if (!(p.eps >= 0.0f)) return "eps must be >= 0";
   if (!(p.theta > 0.0)) return "theta must be > 0";
   if (!p.norm && (p.q_weight != nullptr || p.k_weight != nullptr))
