@@ -62,7 +62,10 @@ struct RopeParams {
   int64_t table_token_stride = 0;
 };
 
-int64_t rotary_dims(const RopeParams& p);
+// constexpr so the kernels use the same definition (nvcc --expt-relaxed-constexpr).
+constexpr int64_t rotary_dims(const RopeParams& p) {
+  return p.sections[0] + p.sections[1] + p.sections[2];
+}
 ValidationError validate(const RopeParams& p);
 void reference(const RopeParams& p);
 // Elements per access chosen by the launcher: 16 bytes when all pointers, strides and

@@ -67,28 +67,27 @@ __device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec) {
 
 // W elements as W / A accesses of A elements each: A = W when the data is aligned for it,
 // smaller otherwise (the vector's size and the data's alignment are chosen separately).
-template <typename T, int W, int A>
-__device__ __forceinline__ Vec<T, W> load_stream_parts(const T* ptr) {
+// `load` reads A elements (a lambda wrapping load_stream or load_cached, so it inlines).
+template <typename T, int W, int A, typename Load>
+__device__ __forceinline__ Vec<T, W> load_parts(const T* ptr, Load load) {
   static_assert(W % A == 0);
   Vec<T, W> vec;
 #pragma unroll
   for (int i = 0; i < W / A; ++i) {
-    const Vec<T, A> part = load_stream<T, A>(ptr + i * A);
+    const Vec<T, A> part = load(ptr + i * A);
     memcpy(vec.v + i * A, part.v, sizeof(part));
   }
   return vec;
 }
 
 template <typename T, int W, int A>
+__device__ __forceinline__ Vec<T, W> load_stream_parts(const T* ptr) {
+  return load_parts<T, W, A>(ptr, [](const T* at) { return load_stream<T, A>(at); });
+}
+
+template <typename T, int W, int A>
 __device__ __forceinline__ Vec<T, W> load_cached_parts(const T* ptr) {
-  static_assert(W % A == 0);
-  Vec<T, W> vec;
-#pragma unroll
-  for (int i = 0; i < W / A; ++i) {
-    const Vec<T, A> part = load_cached<T, A>(ptr + i * A);
-    memcpy(vec.v + i * A, part.v, sizeof(part));
-  }
-  return vec;
+  return load_parts<T, W, A>(ptr, [](const T* at) { return load_cached<T, A>(at); });
 }
 
 template <typename T, int W, int A>

@@ -4,8 +4,6 @@
 
 namespace ltx_kernels {
 
-int64_t rotary_dims(const RopeParams& p) { return p.sections[0] + p.sections[1] + p.sections[2]; }
-
 namespace {
 
 ValidationError validate_tensor(const RopeTensor& t, bool optional) {

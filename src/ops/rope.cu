@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kTableThreads)
   const int64_t s = pos - b * p.tokens;
   const TT* cos_row = static_cast<const TT*>(p.cos) + b * p.table_batch_stride + s * p.table_token_stride;
   const TT* sin_row = static_cast<const TT*>(p.sin) + b * p.table_batch_stride + s * p.table_token_stride;
-  const int64_t rot = p.sections[0] + p.sections[1] + p.sections[2];
+  const int64_t rot = rotary_dims(p);
   const int q_units = static_cast<int>(p.q.heads) * layout.units_per_head;
   const int total = q_units + (p.k.in ? static_cast<int>(p.k.heads) * layout.units_per_head : 0);
   for (int idx = threadIdx.x; idx < total; idx += kTableThreads) {
