@@ -298,11 +298,12 @@ def _ltx_positions(
     patch_size_t: int,
 ) -> tuple[list[int], list[float]]:
     """(grid, axis_scale) of LTXVideoRotaryPosEmbed: positions are scaled per axis by
-    ``axis_scale`` before ``2 * g - 1``."""
-    grid = [int(num_frames), int(height), int(width)]
+    ``axis_scale`` before ``2 * g - 1``. With ``video_coords`` the grid is unused (the
+    pipelines pass no sizes then) and is given as zeros."""
     base = (base_num_frames, base_height, base_width)
     if video_coords is not None:
-        return grid, [1.0 / b for b in base]
+        return [0, 0, 0], [1.0 / b for b in base]
+    grid = [int(num_frames), int(height), int(width)]
     if rope_interpolation_scale is None:
         return grid, [1.0, 1.0, 1.0]
     patches = (patch_size_t, patch_size, patch_size)

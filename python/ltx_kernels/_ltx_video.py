@@ -1,0 +1,288 @@
+"""LTX-Video (diffusers ``transformer_ltx.py``) with its block computation on ltx_kernels ops.
+
+What changes, per transformer block (the math is DESIGN.md section 3's LTX block):
+- ``norm1`` + AdaLN modulation: one ``adaln_rms_norm`` (scale/shift read in place from the
+  ``[B, T, 6, D]`` modulation tensor, per batch T = 1 or per token T = S);
+- attn1: ``norm_q``/``norm_k`` + LTX RoPE as one ``ltx_qk_norm_rope`` launch with the angles
+  computed in the kernel, so the model's ``[B, S, D]`` fp32 cos/sin tables are never built;
+- ``x + attn1 * gate_msa``: ``gated_residual``;
+- ``x + attn2`` fused with ``norm2`` + modulation: ``gated_residual_adaln_rms_norm``;
+- the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp``.
+Model level: the rotary module's tables are replaced by :class:`LtxRopePositions` and the
+final LayerNorm + modulation is one ``adaln_layer_norm``. GEMMs and attention (SDPA or
+diffusers' attention dispatcher, with the processor's backend) are untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ltx_kernels import ops
+from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch
+
+_BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
+_ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
+_MODEL_KIND = "LTXVideoTransformer3DModel (in-kernel RoPE angles, adaln_layer_norm output)"
+_MODEL_ARGS = [
+    "self", "hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask",
+    "num_frames", "height", "width", "rope_interpolation_scale", "video_coords",
+    "attention_kwargs", "return_dict",
+]
+
+
+class LtxRopePositions(NamedTuple):
+    """What the patched model passes to its blocks as ``image_rotary_emb``: the token
+    positions of ``LTXVideoRotaryPosEmbed`` instead of its ``[B, S, D]`` cos/sin tables."""
+
+    grid: list[int]
+    axis_scale: list[float]
+    video_coords: torch.Tensor | None
+    theta: float
+
+
+def rope_positions(
+    rope: nn.Module, num_frames, height, width, rope_interpolation_scale, video_coords
+) -> LtxRopePositions:
+    grid, axis_scale = ops._ltx_positions(
+        num_frames, height, width, rope_interpolation_scale, video_coords,
+        rope.base_num_frames, rope.base_height, rope.base_width, rope.patch_size, rope.patch_size_t,
+    )
+    return LtxRopePositions(grid, axis_scale, video_coords, float(rope.theta))
+
+
+class LtxKernelsAttnProcessor:
+    """attn1 of an LTX block: projections, fused QK-norm + RoPE, attention, output projection.
+
+    Keeps the replaced processor's attention backend and parallel config, so
+    ``set_attention_backend`` and the dispatcher behave as with the stock processor.
+    """
+
+    def __init__(self, stock: Any) -> None:
+        self._attention_backend = getattr(stock, "_attention_backend", None)
+        self._parallel_config = getattr(stock, "_parallel_config", None)
+
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: LtxRopePositions | tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        batch_size, sequence_length, _ = context.shape
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(context)
+        value = attn.to_v(context)
+        query, key = call_with_parameters(
+            (attn.norm_q, attn.norm_k), _qk_norm_rope, attn, query, key, image_rotary_emb
+        )
+
+        hidden_states = dispatch_attention_fn(
+            query.unflatten(2, (attn.heads, -1)),
+            key.unflatten(2, (attn.heads, -1)),
+            value.unflatten(2, (attn.heads, -1)),
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        hidden_states = attn.to_out[0](hidden_states)
+        return attn.to_out[1](hidden_states)
+
+
+def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
+    eps = attn.norm_q.eps
+    if isinstance(rotary, LtxRopePositions):
+        return torch.ops.ltx_kernels.ltx_qk_norm_rope(
+            query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
+            rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta,
+        )
+    # The model-level patch was not applied: diffusers' own (cos, sin) tables, or no RoPE.
+    query = ops.rms_norm(query, attn.norm_q.weight, eps)
+    key = ops.rms_norm(key, attn.norm_k.weight, attn.norm_k.eps)
+    if rotary is not None:
+        query, key = ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
+    return query, key
+
+
+def _block_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    temb: torch.Tensor,
+    image_rotary_emb=None,
+    encoder_attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    batch_size = hidden_states.size(0)
+    num_ada_params = self.scale_shift_table.shape[0]
+    # [B, T, 6, D], T = 1 (one timestep per sample) or S (per-token timesteps, image-to-video):
+    # the six modulation vectors are read in place as strided views.
+    ada_values = self.scale_shift_table[None, None].to(temb.device) + temb.reshape(
+        batch_size, temb.size(1), num_ada_params, -1
+    )
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
+
+    norm_hidden_states = call_with_parameters(
+        (self.norm1,), ops.adaln_rms_norm,
+        hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps,
+    )
+    attn_hidden_states = self.attn1(
+        hidden_states=norm_hidden_states, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb
+    )
+    hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
+
+    attn_hidden_states = self.attn2(
+        hidden_states,
+        encoder_hidden_states=encoder_hidden_states,
+        image_rotary_emb=None,
+        attention_mask=encoder_attention_mask,
+    )
+    hidden_states, norm_hidden_states = call_with_parameters(
+        (self.norm2,), ops.gated_residual_adaln_rms_norm,
+        hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps,
+    )
+    ff_output = self.ff(norm_hidden_states)
+    return ops.gated_residual(hidden_states, ff_output, gate_mlp)
+
+
+def _model_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    timestep: torch.Tensor,
+    encoder_attention_mask: torch.Tensor | None,
+    num_frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    rope_interpolation_scale=None,
+    video_coords: torch.Tensor | None = None,
+    attention_kwargs: dict[str, Any] | None = None,
+    return_dict: bool = True,
+):
+    """``LTXVideoTransformer3DModel.forward`` with positions instead of RoPE tables and a
+    fused output norm; everything else as diffusers computes it."""
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    positions = rope_positions(
+        self.rope, num_frames, height, width, rope_interpolation_scale, video_coords
+    )
+    if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
+        encoder_attention_mask = (1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0
+        encoder_attention_mask = encoder_attention_mask.unsqueeze(1)
+
+    batch_size = hidden_states.size(0)
+    hidden_states = self.proj_in(hidden_states)
+    temb, embedded_timestep = self.time_embed(
+        timestep.flatten(), batch_size=batch_size, hidden_dtype=hidden_states.dtype
+    )
+    temb = temb.view(batch_size, -1, temb.size(-1))
+    embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
+    encoder_hidden_states = self.caption_projection(encoder_hidden_states)
+    encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
+
+    for block in self.transformer_blocks:
+        args = (hidden_states, encoder_hidden_states, temb, positions, encoder_attention_mask)
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            hidden_states = self._gradient_checkpointing_func(block, *args)
+        else:
+            hidden_states = block(*args)
+
+    scale_shift_values = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
+    shift, scale = scale_shift_values[:, :, 0], scale_shift_values[:, :, 1]
+    hidden_states = ops.adaln_layer_norm(hidden_states, scale, shift, None, None, self.norm_out.eps)
+    output = self.proj_out(hidden_states)
+    if not return_dict:
+        return (output,)
+    return Transformer2DModelOutput(sample=output)
+
+
+def _with_lora_scale(forward):
+    """Wraps like the stock forward: diffusers' ``apply_lora_scale`` handles
+    ``attention_kwargs["scale"]`` for PEFT LoRA adapters."""
+    try:
+        from diffusers.utils import apply_lora_scale
+    except ImportError:  # older diffusers scale LoRA inside the forward; nothing to wrap
+        return forward
+    return apply_lora_scale("attention_kwargs")(forward)
+
+
+_model_forward_with_lora = _with_lora_scale(_model_forward)
+
+
+def _block_problem(block: nn.Module) -> str | None:
+    from diffusers.models.normalization import RMSNorm
+
+    for name in ("norm1", "norm2"):
+        norm = getattr(block, name, None)
+        if not isinstance(norm, RMSNorm) or getattr(norm, "bias", None) is not None:
+            return f"{name} is {type(norm).__name__} with bias, not diffusers RMSNorm(bias=False)"
+    if block.scale_shift_table.shape[0] != 6:
+        return f"scale_shift_table has {block.scale_shift_table.shape[0]} rows, expected 6"
+    return _attn_problem(block.attn1)
+
+
+def _attn_problem(attn: nn.Module) -> str | None:
+    from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
+
+    if type(attn.processor) is not LTXVideoAttnProcessor:
+        return f"attn1 uses the custom processor {type(attn.processor).__name__}"
+    for name in ("norm_q", "norm_k"):
+        norm = getattr(attn, name)
+        if not isinstance(norm, nn.RMSNorm) or len(norm.normalized_shape) != 1 or norm.eps is None:
+            return f"attn1.{name} is not a torch.nn.RMSNorm over the last dim with an eps"
+    if attn.inner_dim != attn.inner_kv_dim:
+        return f"attn1 has {attn.inner_dim} query and {attn.inner_kv_dim} key channels"
+    return None
+
+
+def fused_submodules(model: nn.Module) -> list[nn.Module]:
+    """The norms whose forward a patched block computes inside its fused ops (not called)."""
+    return [
+        norm
+        for block in model.transformer_blocks
+        if is_patched(block)
+        for norm in (block.norm1, block.norm2, block.attn1.norm_q, block.attn1.norm_k)
+    ]
+
+
+def patch_ltx_model(model: nn.Module, report: Report) -> None:
+    """Patches one ``LTXVideoTransformer3DModel``: its blocks, their self-attention and the
+    model forward. A block whose structure differs from diffusers' is left stock, with a
+    warning in the report; so is the model forward if its signature changed."""
+    blocks = list(model.transformer_blocks)
+    problems = [_block_problem(block) for block in blocks]
+    for index, (block, problem) in enumerate(zip(blocks, problems)):
+        if problem is not None:
+            report.skipped.append(f"transformer_blocks.{index}: {problem}")
+            continue
+        patch(block.attn1, processor=LtxKernelsAttnProcessor(block.attn1.processor))
+        report.patched[_ATTN_KIND] += 1
+        patch(block, _block_forward)
+        report.patched[_BLOCK_KIND] += 1
+
+    name = type(model).__name__
+    signature = list(inspect.signature(type(model).forward).parameters)
+    if signature != _MODEL_ARGS:
+        why = f"its signature {signature} differs from the diffusers version ltx_kernels knows"
+    elif getattr(model, "_parallel_config", None) is not None:
+        why = "context parallelism splits the RoPE tables that the in-kernel angles replace"
+    elif any(problems):
+        why = "some blocks stay stock and need the RoPE tables"
+    else:
+        patch(model, _model_forward_with_lora)
+        report.patched[_MODEL_KIND] += 1
+        return
+    report.skipped.append(f"{name}.forward: {why}; RoPE tables and the output norm stay stock")

@@ -1,0 +1,160 @@
+"""One-call diffusers integration: ``report = inject(pipe)``, ``remove(pipe)``.
+
+``inject`` patches module instances of the pipeline's diffusers models (or of one model):
+
+- ``LTXVideoTransformer3DModel``: its blocks run the fused LTX block of
+  :mod:`ltx_kernels._ltx_video` (AdaLN norms, QK-norm + RoPE with in-kernel angles, gated
+  residuals fused with the next norm, fused output norm);
+- any model, by class: diffusers ``RMSNorm`` (with or without weight, without bias) and
+  ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
+  ``gelu_tanh``; diffusers ``GEGLU`` (``hidden * gelu(gate)``, exact GELU, hidden first) ->
+  ``gelu_and_mul(gate, hidden)``; diffusers ``SwiGLU`` -> ``silu_and_mul(gate, hidden)``.
+
+Text encoders (transformers models) are left to :mod:`ltx_kernels.transformers`. Patches are
+per instance and undone by :func:`remove`; they survive ``pipe.to(...)``, work before or after
+``enable_model_cpu_offload()`` / ``enable_sequential_cpu_offload()``, and trace without graph
+breaks under ``torch.compile(fullgraph=True)`` and ``compile_repeated_blocks``.
+A norm whose input dtype differs from its weight's (mixed-precision setups) computes that call
+with the stock forward, as the fused op is defined for one dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ltx_kernels import ops
+from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
+from ltx_kernels._patching import Report, is_patched, patch, unpatch_all
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DEVICES = ("cuda", "cpu", "meta")
+
+
+def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if weight is not None and weight.dtype != hidden_states.dtype:
+        return type(self).forward(self, hidden_states)
+    eps = self.eps if self.eps is not None else torch.finfo(hidden_states.dtype).eps
+    if hidden_states.stride(-1) != 1:  # e.g. a channels-last view in a VAE
+        hidden_states = hidden_states.contiguous()
+    return ops.rms_norm(hidden_states, weight, eps)
+
+
+def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return ops.gelu_tanh(self.proj(hidden_states))
+
+
+def _geglu_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    hidden, gate = self.proj(hidden_states).chunk(2, dim=-1)
+    return ops.gelu_and_mul(gate, hidden)
+
+
+def _swiglu_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    hidden, gate = self.proj(hidden_states).chunk(2, dim=-1)
+    return ops.silu_and_mul(gate, hidden)
+
+
+def _generic_patch(module: nn.Module):
+    """(kind, forward) for a module patchable by class, (None, reason) if its class is known
+    but this instance is not supported, or None."""
+    from diffusers.models.activations import GEGLU, GELU, SwiGLU
+    from diffusers.models.normalization import RMSNorm
+
+    if isinstance(module, RMSNorm):
+        if module.bias is not None:
+            return None, "diffusers RMSNorm with bias (no fused op for the bias)"
+        return "RMSNorm (rms_norm)", _rms_norm_forward
+    if isinstance(module, nn.RMSNorm):
+        if len(module.normalized_shape) != 1:
+            return None, f"torch.nn.RMSNorm over {tuple(module.normalized_shape)} (last dim only)"
+        return "torch.nn.RMSNorm (rms_norm)", _rms_norm_forward
+    if type(module) is GELU:
+        if module.approximate != "tanh":
+            return None  # exact-erf GELU alone: torch's kernel is already at bandwidth
+        return "GELU tanh (gelu_tanh)", _gelu_tanh_forward
+    if type(module) is GEGLU:
+        return "GEGLU (gelu_and_mul)", _geglu_forward
+    if type(module) is SwiGLU:
+        return "SwiGLU (silu_and_mul)", _swiglu_forward
+    return None
+
+
+def _unsupported(model: nn.Module) -> str | None:
+    tensors = list(model.parameters()) + list(model.buffers())
+    devices = {t.device.type for t in tensors} - set(_DEVICES)
+    if devices:
+        return f"parameters on {sorted(devices)}; ltx_kernels runs on CUDA (and CPU)"
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()} - set(_DTYPES)
+    if dtypes:
+        return f"parameters in {sorted(map(str, dtypes))}; ltx_kernels takes fp32, fp16 and bf16"
+    return None
+
+
+def _models(pipe_or_model) -> list[nn.Module]:
+    if isinstance(pipe_or_model, nn.Module):
+        return [pipe_or_model]
+    from diffusers.models.modeling_utils import ModelMixin
+
+    components = getattr(pipe_or_model, "components", None)
+    if components is None:
+        raise TypeError(
+            f"pipe_or_model must be a diffusers pipeline or a torch.nn.Module, got {type(pipe_or_model).__name__}"
+        )
+    return [c for c in components.values() if isinstance(c, ModelMixin)]
+
+
+def inject(pipe_or_model) -> Report:
+    """Patches a diffusers pipeline's models (or one model) in place; returns what was patched.
+
+    What cannot be patched is listed in ``report.skipped`` and warned about. Calling
+    ``inject`` twice patches nothing new.
+    """
+    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
+
+    report = Report()
+    for model in _models(pipe_or_model):
+        problem = _unsupported(model)
+        if problem is not None:
+            report.skipped.append(f"{type(model).__name__}: {problem}")
+            continue
+        fused: set[int] = set()
+        for module in model.modules():
+            if isinstance(module, LTXVideoTransformer3DModel):
+                if not any(is_patched(block) for block in module.transformer_blocks):
+                    patch_ltx_model(module, report)
+                fused |= {id(m) for m in fused_submodules(module)}
+        for name, module in model.named_modules():
+            if id(module) in fused or is_patched(module):
+                continue
+            found = _generic_patch(module)
+            if found is None:
+                continue
+            kind, forward = found
+            if kind is None:
+                report.skipped.append(f"{type(model).__name__}.{name}: {forward}")
+                continue
+            patch(module, forward)
+            report.patched[kind] += 1
+    for reason in report.skipped:
+        warnings.warn(f"ltx_kernels.diffusers.inject: not patched: {reason}", stacklevel=2)
+    return report
+
+
+def remove(pipe_or_model) -> int:
+    """Restores every module that :func:`inject` patched; returns how many."""
+    return sum(unpatch_all(model) for model in _models(pipe_or_model))
+
+
+@contextlib.contextmanager
+def injected(pipe_or_model) -> Iterator[Report]:
+    """``with injected(pipe) as report:`` patched inside, stock again after."""
+    report = inject(pipe_or_model)
+    try:
+        yield report
+    finally:
+        remove(pipe_or_model)
