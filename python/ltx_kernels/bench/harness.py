@@ -137,5 +137,5 @@ def device_meta(copy_gbs: float) -> dict:
         "sms": props.multi_processor_count,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "copy_gbs": round(copy_gbs, 1),
+        "copy_gbs": None if copy_gbs is None else round(copy_gbs, 1),
     }

@@ -1,0 +1,221 @@
+"""End-to-end LTX-Video benchmark: one transformer step and a short denoising loop.
+
+    python -m ltx_kernels.bench.ltx_e2e --frames 49 161 --json e2e.json --markdown e2e.md
+    python -m ltx_kernels.bench.ltx_e2e --plot e2e.json e2e.png     # bar chart from the JSON
+
+Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
+as shared/ANCHORS.md measures. Modes, run one after another on the same model:
+stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
+(``ltx_kernels.diffusers.inject``), ours + torch.compile, and ours captured in one CUDA graph.
+Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
+the kernel-time split from the profiler (GEMM / attention / everything else), the step's
+output error against stock eager, and the time of a ``--loop-steps`` denoising loop through
+LTXPipeline (scheduler and CFG included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from ltx_kernels.bench import harness, ltx_models
+
+MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph"]
+GEMM_KEYS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")
+ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa")
+
+
+def _set_mode(model, mode: str) -> None:
+    import ltx_kernels.diffusers as lkd
+
+    lkd.remove(model)
+    for block in model.transformer_blocks:
+        block._compiled_call_impl = None
+    torch._dynamo.reset()
+    if mode.startswith("ours"):
+        lkd.inject(model)
+    if mode.endswith("compile"):
+        model.compile_repeated_blocks(fullgraph=True)
+
+
+def _cuda_graph_step(step):
+    """``step`` captured once into a CUDA graph over its (static) inputs; replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
+
+
+def _kernel_split_ms(step) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    split = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        kind = ("gemm" if any(k in name for k in GEMM_KEYS)
+                else "attention" if any(k in name for k in ATTENTION_KEYS) else "other")
+        split[kind] += event.device_time_total / 1e3
+    return split
+
+
+def _time_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_frames(model, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
+    kw = ltx_models.step_inputs(model, batch=2, num_frames=frames, height=height, width=width)
+    pipe = ltx_models.random_pipeline(model)
+    pipe.set_progress_bar_config(disable=True)
+    embeds = ltx_models.prompt_embeds(model, batch=1)
+    reference = None
+    rows = []
+    for mode in modes:
+        _set_mode(model, "ours" if mode == "ours+cudagraph" else mode)
+        row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = model(**kw)[0]
+            torch.cuda.synchronize()
+            row["first_call_s"] = time.perf_counter() - t0
+            step = (lambda: model(**kw)[0])
+            if mode == "ours+cudagraph":
+                step = _cuda_graph_step(step)
+            for _ in range(3):
+                out = step()
+            if reference is None:
+                reference = out.float().clone()
+            row["err_vs_eager"] = harness.rel_err(out, reference)
+            torch.cuda.reset_peak_memory_stats()
+            row["step_ms"] = _time_ms(step, reps)
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["kernels_ms"] = _kernel_split_ms(step)
+            if loop_steps and mode != "ours+cudagraph":
+                g = torch.Generator(device="cuda")
+
+                def loop():
+                    pipe(**embeds, num_frames=frames, height=height, width=width, num_inference_steps=loop_steps,
+                         guidance_scale=3.0, output_type="latent", generator=g.manual_seed(0))
+
+                row["loop_ms"] = _time_ms(loop, 2)
+        rows.append(row)
+        print(_row_line(row), flush=True)
+    _set_mode(model, "eager")
+    return rows
+
+
+def _row_line(r: dict) -> str:
+    k = r["kernels_ms"]
+    loop = f"{r['loop_ms']:.0f}" if "loop_ms" in r else "-"
+    return (f"| {r['frames']}f S={r['tokens']} | {r['mode']} | {r['step_ms']:.1f} | {loop} | "
+            f"{r['peak_mem_gib']:.2f} | {k['gemm']:.1f} / {k['attention']:.1f} / {k['other']:.1f} | "
+            f"{r['err_vs_eager']:.2e} | {r['first_call_s']:.1f} |")
+
+
+def markdown(rows: list[dict], meta: dict, args) -> str:
+    head = (f"LTX-Video {args.config} transformer, random weights, bf16, CFG batch 2, 128 text tokens, "
+            f"{args.height}x{args.width}; {meta['gpu']}, torch {meta['torch']}. Step: median of {args.reps} "
+            f"CUDA-event-timed forwards after warm-up; loop: {args.loop_steps} steps of LTXPipeline "
+            "(CFG, scheduler). Kernel split from the profiler, GPU ms.\n\n")
+    lines = ["| video | mode | step ms | loop ms | peak GiB | GEMM / attention / other ms | err vs eager | "
+             "first call s |", "|---|---|---|---|---|---|---|---|"]
+    lines += [_row_line(r) for r in rows]
+    speedups = []
+    for frames in sorted({r["frames"] for r in rows}):
+        by = {r["mode"]: r["step_ms"] for r in rows if r["frames"] == frames}
+        pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile")]
+        speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
+    return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
+
+
+def plot(json_path: str, png_path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(json_path))
+    rows = data["results"]
+    frames = sorted({r["frames"] for r in rows})
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    fig, axes = plt.subplots(1, len(frames), figsize=(5.5 * len(frames), 4), squeeze=False)
+    for ax, f in zip(axes[0], frames):
+        by = {r["mode"]: r for r in rows if r["frames"] == f}
+        xs = [m for m in modes if m in by]
+        ax.bar(xs, [by[m]["step_ms"] for m in xs], color=["#999", "#666", "#4a8", "#287", "#165"][: len(xs)])
+        for i, m in enumerate(xs):
+            ax.text(i, by[m]["step_ms"], f"{by[m]['step_ms']:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{f} frames (S = {by[xs[0]]['tokens']})")
+        ax.set_ylabel("ms per transformer step")
+        ax.tick_params(axis="x", rotation=20)
+    fig.suptitle(f"LTX-Video {data['meta'].get('config', '')} one step, {data['meta']['gpu']}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.ltx_e2e", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="2b", choices=["2b", "13b", "tiny"])
+    parser.add_argument("--frames", type=int, nargs="+", default=[49, 161])
+    parser.add_argument("--height", type=int, default=512)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--loop-steps", type=int, default=8, help="denoising loop length (0: no loop)")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="only draw the bar chart of a JSON")
+    args = parser.parse_args(argv)
+    if args.plot:
+        plot(*args.plot)
+        return 0
+    if not torch.cuda.is_available():
+        print("the end-to-end benchmark needs a CUDA device", file=sys.stderr)
+        return 2
+    meta = dict(harness.device_meta(None), config=args.config)
+    model = ltx_models.random_transformer(args.config, torch.bfloat16, "cuda")
+    rows = []
+    for frames in args.frames:
+        rows += run_frames(model, frames, args.height, args.width, args.modes, args.reps, args.loop_steps)
+    table = markdown(rows, meta, args)
+    print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
