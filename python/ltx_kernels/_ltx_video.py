@@ -26,6 +26,7 @@ from ltx_kernels._patching import Report, call_with_parameters, is_patched, patc
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
+_CROSS_ATTN_KIND = "LTXAttention cross-attention (rms_norm q/k, mask broadcast over heads)"
 _MODEL_KIND = "LTXVideoTransformer3DModel (in-kernel RoPE angles, adaln_layer_norm output)"
 _MODEL_ARGS = [
     "self", "hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask",
@@ -55,7 +56,8 @@ def rope_positions(
 
 
 class LtxKernelsAttnProcessor:
-    """attn1 of an LTX block: projections, fused QK-norm + RoPE, attention, output projection.
+    """An LTX block's attention: projections, QK-norm (+ RoPE for attn1, one fused launch with
+    in-kernel angles), attention, output projection.
 
     Keeps the replaced processor's attention backend and parallel config, so
     ``set_attention_backend`` and the dispatcher behave as with the stock processor.
@@ -77,7 +79,11 @@ class LtxKernelsAttnProcessor:
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         batch_size, sequence_length, _ = context.shape
-        if attention_mask is not None:
+        if attention_mask is not None and attention_mask.ndim == 3 and attention_mask.shape[1] == 1:
+            # The model's [B, 1, T] additive text mask: broadcast over heads and queries as is
+            # (the stock processor first repeats it per head).
+            attention_mask = attention_mask.unsqueeze(1)
+        elif attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
 
@@ -85,7 +91,7 @@ class LtxKernelsAttnProcessor:
         key = attn.to_k(context)
         value = attn.to_v(context)
         query, key = call_with_parameters(
-            (attn.norm_q, attn.norm_k), _qk_norm_rope, attn, query, key, image_rotary_emb
+            (attn.norm_q, attn.norm_k), lambda: _qk_norm_rope(attn, query, key, image_rotary_emb)
         )
 
         hidden_states = dispatch_attention_fn(
@@ -110,12 +116,22 @@ def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotar
             query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
             rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta,
         )
-    # The model-level patch was not applied: diffusers' own (cos, sin) tables, or no RoPE.
+    # Cross-attention (no RoPE), or the model-level patch was not applied and diffusers' own
+    # (cos, sin) tables come in.
     query = ops.rms_norm(query, attn.norm_q.weight, eps)
     key = ops.rms_norm(key, attn.norm_k.weight, attn.norm_k.eps)
     if rotary is not None:
         query, key = ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
     return query, key
+
+
+def _attend(attn: nn.Module, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
+    """``attn(...)``, calling the processor directly when nothing hooks the module:
+    ``LTXAttention.forward`` only filters keyword arguments, with an ``inspect.signature`` of
+    the processor per call, host time that an eager step pays 56 times."""
+    if "forward" in attn.__dict__ or attn._forward_hooks or attn._forward_pre_hooks:
+        return attn(hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+    return attn.processor(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
 
 
 def _block_forward(
@@ -135,25 +151,17 @@ def _block_forward(
     )
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-    norm_hidden_states = call_with_parameters(
-        (self.norm1,), ops.adaln_rms_norm,
-        hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps,
-    )
-    attn_hidden_states = self.attn1(
-        hidden_states=norm_hidden_states, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb
-    )
+    norm_hidden_states = call_with_parameters((self.norm1,), lambda: ops.adaln_rms_norm(
+        hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps
+    ))
+    attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
 
-    attn_hidden_states = self.attn2(
-        hidden_states,
-        encoder_hidden_states=encoder_hidden_states,
-        image_rotary_emb=None,
-        attention_mask=encoder_attention_mask,
-    )
-    hidden_states, norm_hidden_states = call_with_parameters(
-        (self.norm2,), ops.gated_residual_adaln_rms_norm,
-        hidden_states, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps,
-    )
+    attn_hidden_states = _attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
+    residual = hidden_states
+    hidden_states, norm_hidden_states = call_with_parameters((self.norm2,), lambda: ops.gated_residual_adaln_rms_norm(
+        residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
+    ))
     ff_output = self.ff(norm_hidden_states)
     return ops.gated_residual(hidden_states, ff_output, gate_mlp)
 
@@ -231,20 +239,22 @@ def _block_problem(block: nn.Module) -> str | None:
             return f"{name} is {type(norm).__name__} with bias, not diffusers RMSNorm(bias=False)"
     if block.scale_shift_table.shape[0] != 6:
         return f"scale_shift_table has {block.scale_shift_table.shape[0]} rows, expected 6"
-    return _attn_problem(block.attn1)
+    return _attn_problem(block.attn1, "attn1") or _attn_problem(block.attn2, "attn2")
 
 
-def _attn_problem(attn: nn.Module) -> str | None:
+def _attn_problem(attn: nn.Module, name: str) -> str | None:
     from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 
     if type(attn.processor) is not LTXVideoAttnProcessor:
-        return f"attn1 uses the custom processor {type(attn.processor).__name__}"
-    for name in ("norm_q", "norm_k"):
-        norm = getattr(attn, name)
+        return f"{name} uses the custom processor {type(attn.processor).__name__}"
+    for norm_name in ("norm_q", "norm_k"):
+        norm = getattr(attn, norm_name)
         if not isinstance(norm, nn.RMSNorm) or len(norm.normalized_shape) != 1 or norm.eps is None:
-            return f"attn1.{name} is not a torch.nn.RMSNorm over the last dim with an eps"
+            return f"{name}.{norm_name} is not a torch.nn.RMSNorm over the last dim with an eps"
+    if attn.norm_q.eps != attn.norm_k.eps:
+        return f"{name}.norm_q and norm_k have different eps"
     if attn.inner_dim != attn.inner_kv_dim:
-        return f"attn1 has {attn.inner_dim} query and {attn.inner_kv_dim} key channels"
+        return f"{name} has {attn.inner_dim} query and {attn.inner_kv_dim} key channels"
     return None
 
 
@@ -254,7 +264,8 @@ def fused_submodules(model: nn.Module) -> list[nn.Module]:
         norm
         for block in model.transformer_blocks
         if is_patched(block)
-        for norm in (block.norm1, block.norm2, block.attn1.norm_q, block.attn1.norm_k)
+        for norm in (block.norm1, block.norm2, block.attn1.norm_q, block.attn1.norm_k,
+                     block.attn2.norm_q, block.attn2.norm_k)
     ]
 
 
@@ -268,8 +279,9 @@ def patch_ltx_model(model: nn.Module, report: Report) -> None:
         if problem is not None:
             report.skipped.append(f"transformer_blocks.{index}: {problem}")
             continue
-        patch(block.attn1, processor=LtxKernelsAttnProcessor(block.attn1.processor))
-        report.patched[_ATTN_KIND] += 1
+        for attn, kind in ((block.attn1, _ATTN_KIND), (block.attn2, _CROSS_ATTN_KIND)):
+            patch(attn, processor=LtxKernelsAttnProcessor(attn.processor))
+            report.patched[kind] += 1
         patch(block, _block_forward)
         report.patched[_BLOCK_KIND] += 1
 

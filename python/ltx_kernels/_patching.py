@@ -62,19 +62,20 @@ def unpatch(module: nn.Module) -> bool:
     return True
 
 
-def call_with_parameters(modules: tuple[nn.Module, ...], fn: Callable, *args):
-    """Runs ``fn(*args)`` while ``modules`` hold their parameters on the execution device.
+def call_with_parameters(modules: tuple[nn.Module, ...], fn: Callable[[], object]):
+    """Returns ``fn()``, run while ``modules`` hold their parameters on the execution device.
 
     A fused kernel reads the weights of modules whose forward it replaces without calling them
     (e.g. ``norm_q.weight``). Under ``enable_sequential_cpu_offload`` those weights live off
     the device until the module's accelerate hook brings them in, so the hook is run around
-    the kernel. Without hooks (and under torch.compile) this is just ``fn(*args)``.
+    ``fn``, which must read the weights itself. Without hooks (and under torch.compile) this
+    is just ``fn()``.
     """
     hooked = [m for m in modules if getattr(m, "_hf_hook", None) is not None]
     for m in hooked:
         m._hf_hook.pre_forward(m)
     try:
-        return fn(*args)
+        return fn()
     finally:
         for m in hooked:
             m._hf_hook.post_forward(m, None)

@@ -7,7 +7,7 @@
   residuals fused with the next norm, fused output norm);
 - any model, by class: diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
-  ``gelu_tanh``; diffusers ``GEGLU`` (``hidden * gelu(gate)``, exact GELU, hidden first) ->
+  ``linear_gelu_tanh`` (the projection with the GELU in its epilogue); diffusers ``GEGLU`` (``hidden * gelu(gate)``, exact GELU, hidden first) ->
   ``gelu_and_mul(gate, hidden)``; diffusers ``SwiGLU`` -> ``silu_and_mul(gate, hidden)``.
 
 Text encoders (transformers models) are left to :mod:`ltx_kernels.transformers`. Patches are
@@ -29,7 +29,7 @@ from torch import nn
 
 from ltx_kernels import ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
-from ltx_kernels._patching import Report, is_patched, patch, unpatch_all
+from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch, unpatch_all
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEVICES = ("cuda", "cpu", "meta")
@@ -46,7 +46,10 @@ def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
 
 
 def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    return ops.gelu_tanh(self.proj(hidden_states))
+    proj = self.proj
+    if type(proj) is nn.Linear and proj.bias is not None:  # not a LoRA-wrapped projection
+        return call_with_parameters((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias))
+    return ops.gelu_tanh(proj(hidden_states))
 
 
 def _geglu_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -76,7 +79,7 @@ def _generic_patch(module: nn.Module):
     if type(module) is GELU:
         if module.approximate != "tanh":
             return None  # exact-erf GELU alone: torch's kernel is already at bandwidth
-        return "GELU tanh (gelu_tanh)", _gelu_tanh_forward
+        return "GELU tanh (linear_gelu_tanh)", _gelu_tanh_forward
     if type(module) is GEGLU:
         return "GEGLU (gelu_and_mul)", _geglu_forward
     if type(module) is SwiGLU:

@@ -123,6 +123,13 @@ def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None =
     return _ops.gated_residual(x, y, gate)
 
 
+def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(x @ weight.T + bias, approximate="tanh")``: on CUDA the GELU runs in the GEMM's
+    epilogue (cuBLASLt), so the activation is written once; fp32 accumulation, the GELU applied
+    before rounding. ``x`` is ``[..., K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]``, one dtype."""
+    return _ops.linear_gelu_tanh(x, weight, bias)
+
+
 # Activations. Math is fp32 (accurate tanh / erf / exp), rounded once.
 
 

@@ -33,6 +33,8 @@ TORCH_LIBRARY(ltx_kernels, m) {
   m.def("swiglu(Tensor x) -> Tensor");
   m.def("swiglu.out(Tensor x, *, Tensor(a!) out) -> ()");
   m.def("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor");
+  // Linear + GELU-tanh with the activation in the GEMM epilogue (linear.cpp).
+  m.def("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
   m.def("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"

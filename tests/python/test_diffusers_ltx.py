@@ -22,11 +22,12 @@ from ltx_kernels.bench import ltx_models  # noqa: E402
 SLACK = 1.1
 
 
-def tiny_model(device, head_dim=10, seed=0):
+def tiny_model(device, head_dim=10, seed=0, affine=False):
     """fp32 tiny LTX transformer; head_dim 10 gives D = 40 (D % 6 = 4 identity channels),
-    12 gives D = 48. Weights are scaled up from the default init so that the blocks
-    (adaLN tables, norms' weights) are not near-identity."""
-    cfg = dict(ltx_models.CONFIGS["tiny"], attention_head_dim=head_dim, cross_attention_dim=4 * head_dim)
+    12 gives D = 48; ``affine`` gives norm1/norm2 weights. Weights are scaled up from the
+    default init so that the blocks (adaLN tables, norms' weights) are not near-identity."""
+    cfg = dict(ltx_models.CONFIGS["tiny"], attention_head_dim=head_dim, cross_attention_dim=4 * head_dim,
+               norm_elementwise_affine=affine)
     torch.manual_seed(seed)
     from diffusers import LTXVideoTransformer3DModel
 
@@ -77,12 +78,12 @@ def as_dtype(kw, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("head_dim", [10, 12])
+@pytest.mark.parametrize("head_dim,affine", [(10, False), (12, False), (12, True)])
 @pytest.mark.parametrize("positions", ["interpolation_scale", "raw_grid", "video_coords"])
 @pytest.mark.parametrize("per_token", [False, True])
 @torch.no_grad()
-def test_one_step_no_worse_than_stock_bf16(device, head_dim, positions, per_token):
-    reference = tiny_model(device, head_dim)
+def test_one_step_no_worse_than_stock_bf16(device, head_dim, affine, positions, per_token):
+    reference = tiny_model(device, head_dim, affine=affine)
     kw = step_kwargs(reference, positions, per_token)
     expected = reference(**kw)[0]
     stock = bf16_copy(reference)
@@ -128,7 +129,7 @@ def test_remove_restores_stock(device):
     kw = step_kwargs(model, "interpolation_scale", per_token=False)
     expected = model(**kw)[0]
     with lkd.injected(model) as report:
-        assert sum(report.patched.values()) == 11
+        assert sum(report.patched.values()) == 9
         assert lkd.inject(model).patched == {}  # idempotent
         assert not torch.equal(model(**kw)[0], expected)
     assert not any("forward" in m.__dict__ or "_ltx_kernels_patch" in m.__dict__ for m in model.modules())
@@ -138,15 +139,16 @@ def test_remove_restores_stock(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("order", ["offload_then_inject", "inject_then_offload"])
+@pytest.mark.parametrize("affine", [False, True])
 @torch.no_grad()
-def test_sequential_offload_hooks(device, order):
+def test_sequential_offload_hooks(device, order, affine):
     """accelerate's per-module hooks (what enable_sequential_cpu_offload installs): weights
     live on the meta device until the module's hook loads them, including the norm_q/norm_k
     weights that the fused attention reads without calling the norms."""
     accelerate = pytest.importorskip("accelerate")
     from accelerate.hooks import remove_hook_from_module
 
-    model = tiny_model("cpu")
+    model = tiny_model("cpu", affine=affine)
     kw = step_kwargs(model.to(device), "interpolation_scale", per_token=False)
     lkd.inject(model)
     expected = model(**kw)[0]
@@ -159,7 +161,7 @@ def test_sequential_offload_hooks(device, order):
     if order == "offload_then_inject":
         lkd.inject(model)
     torch.testing.assert_close(model(**kw)[0], expected)
-    assert lkd.remove(model) == 11
+    assert lkd.remove(model) == 9
     remove_hook_from_module(model, recurse=True)
 
 
@@ -257,8 +259,7 @@ def test_pipeline_cpu_offload(order, offload):
     pipe.set_progress_bar_config(disable=True)
 
     def run():
-        embeds = ltx_models.prompt_embeds(transformer, batch=1)
-        embeds = {k: v.to("cuda") for k, v in embeds.items()}
+        embeds = ltx_models.prompt_embeds(transformer, batch=1, device="cuda")
         g = torch.Generator(device="cuda").manual_seed(0)
         return pipe(**embeds, num_frames=9, height=64, width=96, num_inference_steps=2,
                     output_type="latent", generator=g).frames

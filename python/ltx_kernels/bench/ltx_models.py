@@ -98,20 +98,22 @@ def random_pipeline(transformer):
     return LTXPipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None, transformer=transformer)
 
 
-def prompt_embeds(transformer, batch: int, seed: int = 1) -> dict:
-    """Synthetic (negative) prompt embeddings and masks for ``random_pipeline``."""
+def prompt_embeds(transformer, batch: int, seed: int = 1, device=None) -> dict:
+    """Synthetic (negative) prompt embeddings and masks for ``random_pipeline``, on ``device``
+    (default: the transformer's; give it when the weights are offloaded)."""
     cfg = transformer.config
     param = next(transformer.parameters())
+    device = param.device if device is None else device
     g = torch.Generator(device="cpu").manual_seed(seed)
     mask = torch.ones(batch, TEXT_TOKENS, dtype=torch.long)
     mask[:, 3 * TEXT_TOKENS // 4:] = 0
 
     def embeds():
-        return torch.randn(batch, TEXT_TOKENS, cfg.caption_channels, generator=g).to(param.device, param.dtype)
+        return torch.randn(batch, TEXT_TOKENS, cfg.caption_channels, generator=g).to(device, param.dtype)
 
     return dict(
         prompt_embeds=embeds(),
-        prompt_attention_mask=mask.to(param.device),
+        prompt_attention_mask=mask.to(device),
         negative_prompt_embeds=embeds(),
-        negative_prompt_attention_mask=mask.to(param.device),
+        negative_prompt_attention_mask=mask.to(device),
     )

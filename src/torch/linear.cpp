@@ -1,0 +1,67 @@
+// linear_gelu_tanh: gelu_tanh(x @ weight.T + bias), the first half of a GELU-tanh
+// feed-forward (diffusers' GELU(approximate="tanh") module, LTX-Video's FF).
+//
+// On CUDA the activation runs in the GEMM's epilogue (cuBLASLt GELU_BIAS through
+// at::_addmm_activation, which applies the tanh form, and falls back to addmm + the tanh GELU
+// when cuBLASLt cannot take the shapes): the [tokens, 4D] activation, the largest tensor of
+// the block, is written once instead of written, read and written again. Being one opaque
+// op also keeps the fusion under torch.compile, whose decomposition would split it.
+// CPU: addmm then the tanh GELU (at::_addmm_activation's CPU path applies the exact GELU).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "common.h"
+
+namespace ltx_kernels::torch_ext {
+namespace {
+
+void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  check_activation(x, "x");
+  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type() && bias.scalar_type() == x.scalar_type(),
+                   "weight and bias must have x's dtype ", x.scalar_type(), ", got ",
+                   weight.scalar_type(), " and ", bias.scalar_type());
+  TORCH_CHECK_VALUE(weight.device() == x.device() && bias.device() == x.device(),
+                    "weight and bias must be on x's device ", device_str(x.device()), ", got ",
+                    device_str(weight.device()), " and ", device_str(bias.device()));
+  TORCH_CHECK_VALUE(weight.dim() == 2 && weight.sym_size(1) == x.sym_size(-1),
+                    "weight must be [N, K] with K = x's last dim (x ", dims_str(x.sym_sizes()),
+                    "), got ", dims_str(weight.sym_sizes()));
+  TORCH_CHECK_VALUE(bias.dim() == 1 && bias.sym_size(0) == weight.sym_size(0),
+                    "bias must be [N] with N = weight.size(0) (weight ", dims_str(weight.sym_sizes()),
+                    "), got ", dims_str(bias.sym_sizes()));
+}
+
+std::vector<c10::SymInt> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
+  std::vector<c10::SymInt> sizes(x.sym_sizes().begin(), x.sym_sizes().end());
+  sizes.back() = weight.sym_size(0);
+  return sizes;
+}
+
+at::Tensor linear_gelu_tanh_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  check_linear(x, weight, bias);
+  return at::gelu(at::linear(x, weight, bias), "tanh");
+}
+
+at::Tensor linear_gelu_tanh_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  check_linear(x, weight, bias);
+  return at::empty_symint(out_sizes(x, weight), x.options());
+}
+
+#ifdef LTX_KERNELS_WITH_CUDA
+at::Tensor linear_gelu_tanh_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  check_linear(x, weight, bias);
+  const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+  const at::Tensor out = at::_addmm_activation(bias, x2d, weight.t(), 1, 1, /*use_gelu=*/true);
+  return out.view_symint(out_sizes(x, weight));
+}
+#endif
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cpu); }
+TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_meta); }
+#ifdef LTX_KERNELS_WITH_CUDA
+TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cuda); }
+#endif
+
+}  // namespace ltx_kernels::torch_ext
