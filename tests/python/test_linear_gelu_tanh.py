@@ -25,8 +25,9 @@ def test_matches_formula(device, dtype, rows, k, n):
     x, weight, bias = inputs(rows, k, n, dtype, device)
     got = ltx_kernels.linear_gelu_tanh(x, weight, bias)
     assert got.dtype == dtype and got.shape == (rows, n)
-    # fp32 GEMMs on CUDA may use TF32-free cuBLAS paths with a different summation order.
-    assert_close(got, formula(x, weight, bias), dtype, scale=10 if dtype == torch.float32 else 1)
+    # fp32: cuBLAS sums in another order than the fp64 reference. 16-bit: where cuBLASLt
+    # cannot take the shape (e.g. one row), the result is rounded before the GELU as well.
+    assert_close(got, formula(x, weight, bias), dtype, scale=10 if dtype == torch.float32 else 2)
     # No worse than the unfused torch expression in the same dtype.
     stock = torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate="tanh")
     ref = formula(x, weight, bias)
