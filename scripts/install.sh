@@ -15,8 +15,9 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   "$py" -m pip install -q "${TORCH_SPEC:-torch==2.11.0}"
 fi
 # diffusers: tests compare the DiT ops and the integration with its own LTX-Video code;
-# accelerate: the CPU-offload hooks the integration must work under.
-"$py" -m pip install -q numpy pytest "diffusers==0.42.1" accelerate "scikit-build-core>=0.10" "cmake>=3.24" ninja
+# accelerate: the CPU-offload hooks the integration must work under; transformers: diffusers'
+# pipelines (LTXPipeline) need it importable.
+"$py" -m pip install -q numpy pytest "diffusers==0.42.1" accelerate transformers "scikit-build-core>=0.10" "cmake>=3.24" ninja
 # --no-build-isolation: build against the torch above, not a fresh copy in an isolated env.
 "$py" -m pip install -q --no-build-isolation .
 "$py" -c "import ltx_kernels, torch; print('ltx_kernels', ltx_kernels.__version__, 'on torch', torch.__version__, '(CUDA available:', torch.cuda.is_available(), ')')"
