@@ -236,7 +236,7 @@ def _block_problem(block: nn.Module) -> str | None:
     for name in ("norm1", "norm2"):
         norm = getattr(block, name, None)
         if not isinstance(norm, RMSNorm) or getattr(norm, "bias", None) is not None:
-            return f"{name} is {type(norm).__name__} with bias, not diffusers RMSNorm(bias=False)"
+            return f"{name} is not a diffusers RMSNorm without bias"
     if block.scale_shift_table.shape[0] != 6:
         return f"scale_shift_table has {block.scale_shift_table.shape[0]} rows, expected 6"
     return _attn_problem(block.attn1, "attn1") or _attn_problem(block.attn2, "attn2")

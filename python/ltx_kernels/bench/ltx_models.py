@@ -36,6 +36,13 @@ SPATIAL_COMPRESSION = 32
 TEXT_TOKENS = 128
 
 
+def text_mask(batch: int) -> torch.Tensor:
+    """[batch, 128] attention mask of the synthetic prompts: the last quarter is padding."""
+    mask = torch.ones(batch, TEXT_TOKENS, dtype=torch.long)
+    mask[:, 3 * TEXT_TOKENS // 4:] = 0
+    return mask
+
+
 def random_transformer(config: str, dtype: torch.dtype, device, seed: int = 0):
     """An ``LTXVideoTransformer3DModel`` of ``config`` with random weights, built on ``device``
     (initialising 2B parameters on the CPU takes a minute; on the GPU, a second)."""
@@ -74,8 +81,7 @@ def step_inputs(model, batch: int, num_frames: int, height: int, width: int, fra
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(device=param.device, dtype=param.dtype)
 
-    mask = torch.ones(batch, TEXT_TOKENS, device=param.device)
-    mask[:, 3 * TEXT_TOKENS // 4:] = 0
+    mask = text_mask(batch).to(param.device)
     return dict(
         hidden_states=randn(batch, f * h * w, cfg.in_channels),
         encoder_hidden_states=randn(batch, TEXT_TOKENS, cfg.caption_channels),
@@ -105,8 +111,7 @@ def prompt_embeds(transformer, batch: int, seed: int = 1, device=None) -> dict:
     param = next(transformer.parameters())
     device = param.device if device is None else device
     g = torch.Generator(device="cpu").manual_seed(seed)
-    mask = torch.ones(batch, TEXT_TOKENS, dtype=torch.long)
-    mask[:, 3 * TEXT_TOKENS // 4:] = 0
+    mask = text_mask(batch)
 
     def embeds():
         return torch.randn(batch, TEXT_TOKENS, cfg.caption_channels, generator=g).to(device, param.dtype)
