@@ -17,10 +17,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
 from torch import nn
 
 _STATE = "_ltx_kernels_patch"
 _SLOTS = ("_old_forward", "forward")
+_ABSENT = object()  # an attribute the patch added rather than replaced
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DEVICES = ("cuda", "cpu", "meta")
 
 
 def is_patched(module: nn.Module) -> bool:
@@ -33,7 +37,7 @@ def patch(module: nn.Module, forward: Callable | None = None, **attributes) -> N
     if is_patched(module):
         raise RuntimeError(f"{type(module).__name__} is already patched by ltx_kernels")
     slot = "_old_forward" if hasattr(module, "_hf_hook") and "_old_forward" in module.__dict__ else "forward"
-    saved = {name: getattr(module, name) for name in attributes}
+    saved = {name: getattr(module, name, _ABSENT) for name in attributes}
     module.__dict__[_STATE] = (forward, module.__dict__.get(slot), saved)
     if forward is not None:
         setattr(module, slot, types.MethodType(forward, module))
@@ -58,7 +62,10 @@ def unpatch(module: nn.Module) -> bool:
         else:  # under an accelerate hook that was added after the patch
             module._old_forward = types.MethodType(type(module).forward, module)
     for name, value in saved.items():
-        setattr(module, name, value)
+        if value is _ABSENT:
+            delattr(module, name)
+        else:
+            setattr(module, name, value)
     return True
 
 
@@ -79,6 +86,18 @@ def call_with_parameters(modules: tuple[nn.Module, ...], fn: Callable[[], object
     finally:
         for m in hooked:
             m._hf_hook.post_forward(m, None)
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``model``'s parameters cannot run our ops (device or dtype), or None."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    devices = {t.device.type for t in tensors} - set(_DEVICES)
+    if devices:
+        return f"parameters on {sorted(devices)}; ltx_kernels runs on CUDA (and CPU)"
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()} - set(_DTYPES)
+    if dtypes:
+        return f"parameters in {sorted(map(str, dtypes))}; ltx_kernels takes fp32, fp16 and bf16"
+    return None
 
 
 @dataclass

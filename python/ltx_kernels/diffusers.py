@@ -29,11 +29,7 @@ from torch import nn
 
 from ltx_kernels import ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
-from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch, unpatch_all
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_DEVICES = ("cuda", "cpu", "meta")
-
+from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch, unpatch_all, unsupported_reason
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
@@ -87,17 +83,6 @@ def _generic_patch(module: nn.Module):
     return None
 
 
-def _unsupported(model: nn.Module) -> str | None:
-    tensors = list(model.parameters()) + list(model.buffers())
-    devices = {t.device.type for t in tensors} - set(_DEVICES)
-    if devices:
-        return f"parameters on {sorted(devices)}; ltx_kernels runs on CUDA (and CPU)"
-    dtypes = {t.dtype for t in tensors if t.is_floating_point()} - set(_DTYPES)
-    if dtypes:
-        return f"parameters in {sorted(map(str, dtypes))}; ltx_kernels takes fp32, fp16 and bf16"
-    return None
-
-
 def _models(pipe_or_model) -> list[nn.Module]:
     if isinstance(pipe_or_model, nn.Module):
         return [pipe_or_model]
@@ -121,7 +106,7 @@ def inject(pipe_or_model) -> Report:
 
     report = Report()
     for model in _models(pipe_or_model):
-        problem = _unsupported(model)
+        problem = unsupported_reason(model)
         if problem is not None:
             report.skipped.append(f"{type(model).__name__}: {problem}")
             continue

@@ -1,0 +1,300 @@
+"""One-call transformers integration: ``report = apply(model)``, ``remove(model)``.
+
+For the decoder-only families below (dispatched on ``config.model_type``), ``apply`` patches
+module instances of an already-built model:
+
+- every ``<Family>RMSNorm`` -> ``rms_norm`` (Gemma's ``(1 + weight)`` as ``weight_offset=1``);
+- each decoder layer: ``residual + attn`` and ``post_attention_layernorm`` as one
+  ``fused_add_rms_norm`` (the sum is stored once and normalized from the same rounded value);
+- the gated MLP: ``act(gate_proj(x)) * up_proj(x)`` as one ``silu_and_mul`` /
+  ``gelu_tanh_and_mul`` / ``gelu_and_mul``, as ``config.hidden_act`` says;
+- attention: the rotary embedding applied by ``apply_rotary_pos_emb`` on the projections in
+  place, with the cos/sin the model's own rotary module computed (so rope scaling such as
+  Llama-3's is whatever the model does), GQA included; Qwen3's q/k norms stay, patched as
+  norms. The attention itself stays on transformers' attention interface (sdpa, flash, ...)
+  and the KV cache on ``past_key_values.update``.
+
+Every op is fp32 math with one rounding where stock rounds after each step, so patched
+outputs are no further from fp32 than stock's. For other architectures only modules whose
+class name ends in ``RMSNorm`` are patched, each after checking on a random input that our
+op computes what its own forward does (plain or ``(1 + weight)``); the report says so.
+Patches are per instance, trace without graph breaks under ``torch.compile(fullgraph=True)``
+and are undone by :func:`remove`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import warnings
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from ltx_kernels import ops
+from ltx_kernels._patching import Report, patch, unpatch_all, unsupported_reason
+
+# transformers 5 moved the decoder layers to returning one tensor and the attention to the
+# `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
+SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
+
+# model_type -> class-name prefix in transformers.models.<model_type>.modeling_<model_type>
+FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+# Gemma's RMSNorm scales by (1 + weight) in fp32 and rounds once.
+_WEIGHT_OFFSET = {"gemma": 1.0}
+
+_GATED_ACTIVATIONS: dict[str, Callable] = {
+    "silu": ops.silu_and_mul,
+    "swish": ops.silu_and_mul,
+    "gelu_pytorch_tanh": ops.gelu_tanh_and_mul,
+    "gelu_new": ops.gelu_tanh_and_mul,  # the same tanh approximation, written out
+    "gelu": ops.gelu_and_mul,
+}
+
+
+def check_version(version: str | None = None) -> None:
+    """Raises RuntimeError unless ``transformers`` is a version whose modules we patch."""
+    if version is None:
+        import transformers
+
+        version = transformers.__version__
+    major = int(version.split(".")[0])
+    low, high = SUPPORTED_VERSIONS
+    if not low <= major < high:
+        raise RuntimeError(
+            f"ltx_kernels.transformers patches transformers {low}.x modules "
+            f"(tested with 5.17 and 5.23); found transformers {version}. "
+            f"Install 'transformers>={low},<{high}' or leave the model unpatched."
+        )
+
+
+# Forwards installed on module instances. Each reads the module's own attributes, as the stock
+# forward does, so `.to()`, offload hooks and weight updates keep working.
+
+
+def _norm(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # Mixed precision (weight kept in fp32 under a bf16 model): stock promotes the output to
+    # the weight's dtype; our op is defined for one dtype, so that call runs stock.
+    if self.weight.dtype != x.dtype:
+        return type(self).forward(self, x)
+    return ops.rms_norm(x, self.weight, self._ltx_eps, weight_offset=self._ltx_weight_offset)
+
+
+def _decoder_layer_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.LongTensor | None = None,
+    past_key_values=None,
+    use_cache: bool | None = False,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    norm = self.post_attention_layernorm
+    if norm.weight.dtype == hidden_states.dtype == residual.dtype:  # not so under autocast
+        hidden_states, residual = ops.fused_add_rms_norm(
+            hidden_states, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
+        )
+    else:
+        residual = residual + hidden_states
+        hidden_states = norm(residual)
+    return residual + self.mlp(hidden_states)
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(self._ltx_gated_activation(self.gate_proj(x), self.up_proj(x)))
+
+
+def _attention_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    attention_mask: torch.Tensor | None = None,
+    past_key_values=None,
+    **kwargs,
+):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    # [B, S, H, Dh] views of the projections: the rotary op reads them in place.
+    query = self.q_proj(hidden_states).view(hidden_shape)
+    key = self.k_proj(hidden_states).view(hidden_shape)
+    value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    if self._ltx_qk_norm:
+        query, key = self.q_norm(query), self.k_norm(key)
+    cos, sin = position_embeddings
+    query, key = ops.apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=2)
+    query, key = query.transpose(1, 2), key.transpose(1, 2)
+
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, self.layer_idx)
+
+    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, self._ltx_eager_attention
+    )
+    attn_output, attn_weights = attention_interface(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        sliding_window=self._ltx_sliding_window(self),
+        **kwargs,
+    )
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(attn_output), attn_weights
+
+
+def _sliding_window_of_config(attention: nn.Module) -> int | None:
+    return getattr(attention.config, "sliding_window", None)  # Mistral: one window for all layers
+
+
+def _sliding_window_of_layer(attention: nn.Module) -> int | None:
+    return getattr(attention, "sliding_window", None)  # Qwen2/3: per layer type; Llama, Gemma: none
+
+
+# Patching.
+
+
+def _eps_of(module: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(module, name, None)
+        if isinstance(value, float):
+            return value
+    return None
+
+
+def _patch_norm(module: nn.Module, weight_offset: float) -> None:
+    patch(module, _norm, _ltx_eps=_eps_of(module), _ltx_weight_offset=weight_offset)
+
+
+def _probe_norm(module: nn.Module) -> float | str:
+    """The ``weight_offset`` with which ``rms_norm`` computes what ``module``'s own forward
+    computes on a random fp32 input, or why none does."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or weight.device.type == "meta":
+        return "no 1-D weight to check the norm with"
+    if _eps_of(module) is None:
+        return "no float `eps` / `variance_epsilon`"
+    probe = copy.deepcopy(module).float().cpu()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, weight.numel(), generator=generator)
+    with torch.no_grad():
+        probe.weight.copy_(torch.randn(weight.numel(), generator=generator))
+        expected = type(probe).forward(probe, x)
+        for offset in (0.0, 1.0):
+            ours = ops.rms_norm(x, probe.weight, _eps_of(module), weight_offset=offset)
+            if expected.shape == ours.shape and torch.allclose(expected, ours, rtol=1e-4, atol=1e-5):
+                return offset
+    return "its forward is neither x * rsqrt(mean(x^2) + eps) * weight nor * (1 + weight)"
+
+
+def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
+    modeling = sys.modules[f"transformers.models.{model_type}.modeling_{model_type}"]
+    prefix = FAMILIES[model_type]
+    classes = {
+        kind: getattr(modeling, prefix + kind) for kind in ("RMSNorm", "DecoderLayer", "Attention", "MLP")
+    }
+    offset = _WEIGHT_OFFSET.get(model_type, 0.0)
+    activation = _GATED_ACTIVATIONS.get(getattr(model.config, "hidden_act", None))
+    sliding_window = _sliding_window_of_config if model_type == "mistral" else _sliding_window_of_layer
+
+    for name, module in model.named_modules():
+        kind = next((k for k, cls in classes.items() if type(module) is cls), None)
+        if kind == "RMSNorm":
+            _patch_norm(module, offset)
+            report.patched["RMSNorm (rms_norm)"] += 1
+        elif kind == "DecoderLayer":
+            norms = (module.input_layernorm, module.post_attention_layernorm)
+            if not all(type(n) is classes["RMSNorm"] for n in norms):
+                report.skipped.append(f"{name}: decoder layer norms are not {prefix}RMSNorm")
+                continue
+            patch(module, _decoder_layer_forward)
+            report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] += 1
+        elif kind == "MLP":
+            if activation is None:
+                report.skipped.append(f"{name}: no fused gated op for hidden_act={model.config.hidden_act!r}")
+                continue
+            patch(module, _mlp_forward, _ltx_gated_activation=activation)
+            report.patched[f"gated MLP ({activation.__name__})"] += 1
+        elif kind == "Attention":
+            patch(
+                module,
+                _attention_forward,
+                _ltx_qk_norm=hasattr(module, "q_norm"),
+                _ltx_eager_attention=modeling.eager_attention_forward,
+                _ltx_sliding_window=sliding_window,
+            )
+            report.patched["attention rotary embedding (apply_rotary_pos_emb)"] += 1
+
+
+def _patch_norms_by_class_name(model: nn.Module, model_type: str, report: Report) -> None:
+    report.skipped.append(
+        f"model_type {model_type!r} is not one of {sorted(FAMILIES)}: only RMSNorm modules "
+        "(by class name, each checked against its own forward) were patched"
+    )
+    for name, module in model.named_modules():
+        if not type(module).__name__.endswith("RMSNorm"):
+            continue
+        found = _probe_norm(module)
+        if isinstance(found, str):
+            report.skipped.append(f"{name} ({type(module).__name__}): {found}")
+            continue
+        _patch_norm(module, found)
+        report.patched["RMSNorm (rms_norm)"] += 1
+
+
+def apply(model: nn.Module) -> Report:
+    """Patches a transformers model (``LlamaForCausalLM``, ``Qwen3Model``, ...) in place.
+
+    Returns a :class:`~ltx_kernels._patching.Report` of what was patched; what was left
+    alone is in ``report.skipped`` and warned about. Applying twice patches nothing new.
+    """
+    check_version()
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise TypeError(f"model must be a transformers PreTrainedModel with a config, got {type(model).__name__}")
+    report = Report()
+    if any("_ltx_kernels_patch" in m.__dict__ for m in model.modules()):
+        report.skipped.append("already patched by ltx_kernels: nothing new patched")
+    elif (problem := unsupported_reason(model)) is not None:
+        report.skipped.append(f"{type(model).__name__}: {problem}")
+    elif model_type in FAMILIES:
+        _patch_family(model, model_type, report)
+    else:
+        _patch_norms_by_class_name(model, model_type, report)
+    for reason in report.skipped:
+        warnings.warn(f"ltx_kernels.transformers.apply: {reason}", stacklevel=2)
+    return report
+
+
+def remove(model: nn.Module) -> int:
+    """Restores every module that :func:`apply` patched; returns how many."""
+    return unpatch_all(model)
+
+
+@contextlib.contextmanager
+def applied(model: nn.Module) -> Iterator[Report]:
+    """``with applied(model) as report:`` patched inside, stock again after."""
+    report = apply(model)
+    try:
+        yield report
+    finally:
+        remove(model)

@@ -1,0 +1,242 @@
+"""ltx_kernels.transformers.apply on tiny random Llama, Mistral, Qwen2, Qwen3 and Gemma models.
+
+The bar is stock: patched bf16 logits must be no further from stock fp32 than stock bf16's
+are (x1.1), and greedy generation in fp32 must pick the same tokens as stock.
+"""
+
+import warnings
+
+import pytest
+import torch
+from conftest import DEVICES, HAS_CUDA
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+import ltx_kernels.transformers as lt  # noqa: E402
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
+
+# Odd-ish sizes, GQA (6 query heads on 2 kv heads) and, for Qwen3 and Gemma, a head_dim that
+# is not hidden / heads. Llama carries Llama-3 rope scaling, Mistral a sliding window shorter
+# than the prompt.
+SIZES = dict(
+    vocab_size=211, hidden_size=96, intermediate_size=136, num_hidden_layers=2,
+    num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+)  # fmt: skip
+EXTRA = {
+    "llama": dict(
+        rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=16,
+        )  # fmt: skip
+    ),
+    "mistral": dict(sliding_window=6),
+    "qwen3": dict(head_dim=24),
+    "gemma": dict(head_dim=24),
+}
+
+
+def tiny_model(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    config = AutoConfig.for_model(model_type, **{**SIZES, **EXTRA.get(model_type, {}), **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # the default init (std 0.02, unit norms) leaves logits near zero
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 1.0 if "norm" in name else 0.1)
+    return model
+
+
+def prompt(batch: int = 2, length: int = 14, pad: int = 4, device="cpu", seed: int = 1):
+    """Random ids with the second row left-padded by ``pad`` tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, SIZES["vocab_size"], (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, :pad] = 0
+    ids[1, :pad] = 0
+    return ids.to(device), mask.to(device)
+
+
+def logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+def rel(out, ref, mask):
+    keep = mask.bool()
+    return ((out[keep] - ref[keep]).norm() / ref[keep].norm()).item()
+
+
+def apply_quietly(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a supported family patches everything, silently
+        return lt.apply(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_bf16_logits_no_worse_than_stock(model_type, device):
+    model = tiny_model(model_type).to(device)
+    ids, mask = prompt(device=device)
+    reference = logits(model, ids, mask)
+    model = model.to(torch.bfloat16)
+    stock = logits(model, ids, mask)
+    report = apply_quietly(model)
+    patched = logits(model, ids, mask)
+    layers = SIZES["num_hidden_layers"]
+    assert report.skipped == []
+    assert report.patched["attention rotary embedding (apply_rotary_pos_emb)"] == layers
+    assert report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] == layers
+    assert sum(v for k, v in report.patched.items() if k.startswith("gated MLP")) == layers
+    assert report.patched["RMSNorm (rms_norm)"] == 2 * layers + 1 + (2 * layers if model_type == "qwen3" else 0)
+    stock_err, patched_err = rel(stock, reference, mask), rel(patched, reference, mask)
+    assert torch.isfinite(patched).all()
+    assert 0 < stock_err
+    assert patched_err <= 1.1 * stock_err, (patched_err, stock_err)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_fp32_greedy_generate_identical(model_type):
+    model = tiny_model(model_type)
+    ids, mask = prompt()
+    kwargs = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        stock = model.generate(ids, **kwargs)
+        apply_quietly(model)
+        patched = model.generate(ids, **kwargs)
+    assert patched.shape == (2, ids.shape[1] + 20)
+    assert torch.equal(patched, stock)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma"])
+def test_kv_cache_decode_matches_full_forward(model_type, device):
+    """Prefill then one-token decode steps through the cache give the full forward's logits."""
+    model = tiny_model(model_type).to(device)
+    lt.apply(model)
+    ids, mask = prompt(length=17, device=device)
+    full = logits(model, ids, mask)
+    cache = DynamicCache(config=model.config)
+    prefill = 12
+    with torch.no_grad():
+        steps = [model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], past_key_values=cache).logits]
+        for t in range(prefill, ids.shape[1]):
+            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache)
+            steps.append(out.logits)
+    cached = torch.cat(steps, dim=1).float()
+    assert rel(cached, full, mask) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma"])
+def test_compile_fullgraph(model_type, device):
+    model = tiny_model(model_type).to(device)
+    lt.apply(model)
+    ids, mask = prompt(device=device)
+    eager = logits(model, ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    assert rel(logits(compiled, ids, mask), eager, mask) < 1e-5
+
+
+def test_remove_restores_stock_exactly_and_apply_is_idempotent():
+    model = tiny_model("llama")
+    ids, mask = prompt()
+    stock = logits(model, ids, mask)
+    first = lt.apply(model)
+    with pytest.warns(UserWarning, match="already patched"):
+        second = lt.apply(model)
+    assert sum(second.patched.values()) == 0
+    assert lt.remove(model) == sum(first.patched.values())
+    assert not any("_ltx_kernels_patch" in m.__dict__ or "_ltx_eps" in m.__dict__ for m in model.modules())
+    assert torch.equal(logits(model, ids, mask), stock)
+    with lt.applied(model) as report:
+        assert sum(report.patched.values()) == sum(first.patched.values())
+    assert torch.equal(logits(model, ids, mask), stock)
+
+
+@pytest.mark.parametrize("model_type, offset", [("granite", 0.0), ("gemma2", 1.0)])
+def test_unknown_architecture_patches_only_checked_norms(model_type, offset):
+    """Granite (plain RMSNorm) and Gemma2 (1 + weight) are not dispatched on: their norms are
+    patched after a check against their own forward, nothing else is."""
+    model = tiny_model(model_type)
+    ids, mask = prompt()
+    stock = logits(model, ids, mask)
+    with pytest.warns(UserWarning, match=f"model_type '{model_type}' is not one of"):
+        report = lt.apply(model)
+    assert set(report.patched) == {"RMSNorm (rms_norm)"}
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert report.patched["RMSNorm (rms_norm)"] == len(norms) > 0
+    assert all(m._ltx_weight_offset == offset for m in norms)
+    assert rel(logits(model, ids, mask), stock, mask) < 1e-5
+
+
+def test_unknown_norm_formula_is_left_alone():
+    class OddRMSNorm(torch.nn.Module):  # x / rms, times weight, plus one: not an RMSNorm we compute
+        def __init__(self, dim):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(dim))
+            self.eps = 1e-6
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight + 1
+
+    model = tiny_model("granite")
+    model.model.norm = OddRMSNorm(SIZES["hidden_size"])
+    with pytest.warns(UserWarning, match="model.norm \\(OddRMSNorm\\): its forward is neither"):
+        report = lt.apply(model)
+    assert "_ltx_kernels_patch" not in model.model.norm.__dict__
+    assert report.patched["RMSNorm (rms_norm)"] == 2 * SIZES["num_hidden_layers"]
+
+
+def test_unsupported_activation_is_reported():
+    model = tiny_model("llama", hidden_act="relu")
+    with pytest.warns(UserWarning, match="no fused gated op for hidden_act='relu'"):
+        report = lt.apply(model)
+    assert not any(k.startswith("gated MLP") for k in report.patched)
+    assert report.patched["RMSNorm (rms_norm)"] > 0
+
+
+def test_unsupported_dtype_patches_nothing():
+    model = tiny_model("llama").double()
+    with pytest.warns(UserWarning, match="torch.float64"):
+        report = lt.apply(model)
+    assert sum(report.patched.values()) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autocast_no_worse_than_stock(device):
+    """Under autocast the residual stream stays fp32 while projections come out bf16: mixed
+    dtypes reach the norms and the residual add, which then compute as stock does."""
+    model = tiny_model("llama").to(device)
+    ids, mask = prompt(device=device)
+    reference = logits(model, ids, mask)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        stock = logits(model, ids, mask)
+        lt.apply(model)
+        patched = logits(model, ids, mask)
+    assert rel(patched, reference, mask) <= 1.1 * rel(stock, reference, mask)
+
+
+def test_version_check():
+    lt.check_version("5.17.0")
+    with pytest.raises(RuntimeError, match="found transformers 4.57.1"):
+        lt.check_version("4.57.1")
+
+
+def test_not_a_model_raises():
+    with pytest.raises(TypeError, match="model must be a transformers PreTrainedModel"):
+        lt.apply(torch.nn.Linear(4, 4))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_cuda_generate_matches_stock_bf16_closely():
+    """On the GPU in bf16, greedy tokens track stock for the first steps (ties may flip later)."""
+    model = tiny_model("llama").cuda().to(torch.bfloat16)
+    ids, mask = prompt(device="cuda")
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = tiny_model("llama").cuda().generate(ids, **kwargs)
+        lt.apply(model)
+        patched = model.generate(ids, **kwargs)
+    assert torch.equal(patched[:, : ids.shape[1] + 1], reference[:, : ids.shape[1] + 1])
