@@ -139,3 +139,39 @@ def device_meta(copy_gbs: float) -> dict:
         "triton": triton.__version__,
         "copy_gbs": None if copy_gbs is None else round(copy_gbs, 1),
     }
+
+
+GEMM_KEYS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")
+ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa")
+
+
+def kernel_split_ms(step) -> dict:
+    """GPU ms of one ``step()`` per kernel kind (GEMM / attention / other), from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    split = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        # attention first: memory-efficient SDPA kernels carry "cutlass" in their names
+        kind = ("attention" if any(k in name for k in ATTENTION_KEYS)
+                else "gemm" if any(k in name for k in GEMM_KEYS) else "other")
+        split[kind] += event.device_time_total / 1e3
+    return split
+
+
+def time_ms(fn, reps: int) -> float:
+    """Median CUDA-event time of ``fn()`` over ``reps`` calls, each synchronized."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

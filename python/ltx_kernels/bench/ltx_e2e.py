@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -26,8 +25,6 @@ import torch
 from ltx_kernels.bench import harness, ltx_models
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph"]
-GEMM_KEYS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")
-ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa")
 
 
 def _set_mode(model, mode: str) -> None:
@@ -62,35 +59,6 @@ def _cuda_graph_step(step):
     return replay
 
 
-def _kernel_split_ms(step) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    split = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = event.name.lower()
-        kind = ("gemm" if any(k in name for k in GEMM_KEYS)
-                else "attention" if any(k in name for k in ATTENTION_KEYS) else "other")
-        split[kind] += event.device_time_total / 1e3
-    return split
-
-
-def _time_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def run_frames(model, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
     kw = ltx_models.step_inputs(model, batch=2, num_frames=frames, height=height, width=width)
     pipe = ltx_models.random_pipeline(model)
@@ -115,9 +83,9 @@ def run_frames(model, frames: int, height: int, width: int, modes, reps: int, lo
                 reference = out.float().clone()
             row["err_vs_eager"] = harness.rel_err(out, reference)
             torch.cuda.reset_peak_memory_stats()
-            row["step_ms"] = _time_ms(step, reps)
+            row["step_ms"] = harness.time_ms(step, reps)
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["kernels_ms"] = _kernel_split_ms(step)
+            row["kernels_ms"] = harness.kernel_split_ms(step)
             if loop_steps and mode != "ours+cudagraph":
                 g = torch.Generator(device="cuda")
 
@@ -126,7 +94,7 @@ def run_frames(model, frames: int, height: int, width: int, modes, reps: int, lo
                          guidance_scale=3.0, output_type="latent", generator=g.manual_seed(0))
 
                 loop()  # warm-up: the pipeline's first call sets up its scheduler and masks
-                row["loop_ms"] = _time_ms(loop, 2)
+                row["loop_ms"] = harness.time_ms(loop, 2)
         rows.append(row)
         print(_row_line(row), flush=True)
     _set_mode(model, "eager")
