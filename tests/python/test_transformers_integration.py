@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICES, HAS_CUDA
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache  # noqa: E402
 
 import ltx_kernels.transformers as lt  # noqa: E402
 
@@ -108,15 +108,19 @@ def test_fp32_greedy_generate_identical(model_type):
     assert torch.equal(patched, stock)
 
 
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma"])
-def test_kv_cache_decode_matches_full_forward(model_type, device):
+def test_kv_cache_decode_matches_full_forward(model_type, device, cache_kind):
     """Prefill then one-token decode steps through the cache give the full forward's logits."""
     model = tiny_model(model_type).to(device)
     lt.apply(model)
     ids, mask = prompt(length=17, device=device)
     full = logits(model, ids, mask)
-    cache = DynamicCache(config=model.config)
+    if cache_kind == "dynamic":
+        cache = DynamicCache(config=model.config)
+    else:
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1])
     prefill = 12
     with torch.no_grad():
         steps = [model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], past_key_values=cache).logits]
