@@ -5,14 +5,9 @@ implementations (so they work under ``torch.compile(fullgraph=True)``). This pac
 them with Python signatures and documentation.
 """
 
-from pathlib import Path as _Path
-
-import torch as _torch
-
-_torch.ops.load_library(str(_Path(__file__).with_name("_C.so")))
-
-from ltx_kernels import layers  # noqa: E402
-from ltx_kernels.ops import (  # noqa: E402
+# Relative imports only: a Kernels Hub export imports this package under a build-unique name.
+from . import layers
+from .ops import (
     adaln_layer_norm,
     adaln_layernorm,
     adaln_rms_norm,

@@ -1,4 +1,4 @@
-"""``ltx-kernels`` command line: ``ltx-kernels bench [...]``."""
+"""``ltx-kernels`` command line: ``ltx-kernels bench [...]``, ``ltx-kernels export-hub OUTDIR [...]``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("bench",):
-        print("usage: ltx-kernels bench [--json FILE] [--markdown FILE] [--ops OP ...]", file=sys.stderr)
+    if not argv or argv[0] not in ("bench", "export-hub"):
+        print(
+            "usage: ltx-kernels bench [--json FILE] [--markdown FILE] [--ops OP ...]\n"
+            "       ltx-kernels export-hub OUTDIR [--source DIR] [--backend cuda|cpu]",
+            file=sys.stderr,
+        )
         return 2
+    if argv[0] == "export-hub":
+        from ltx_kernels.hub import main as export_main
+
+        return export_main(argv[1:])
     from ltx_kernels.bench.__main__ import main as bench_main
 
     return bench_main(argv[1:])

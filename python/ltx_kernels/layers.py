@@ -1,9 +1,19 @@
-"""``nn.Module`` layers backed by the ltx_kernels ops.
+"""Forward-replacement layers for HuggingFace modules, following the ``kernels`` layer rules.
 
-Their ``forward`` reads state the way HuggingFace modules store it: ``weight`` (absent or
-``None`` for a norm without affine weight) and the epsilon as ``eps`` (diffusers, torch) or
-``variance_epsilon`` (transformers). So a layer can also serve as a drop-in ``forward`` for
-an existing HF module, and ``from_module`` builds one that shares the module's parameters.
+Each class subclasses ``nn.Module`` with no ``__init__`` and no state of its own: its
+``forward`` reads the attributes of the module whose forward it replaces (``weight``,
+``variance_epsilon`` or ``eps``, ``proj``), with the same signature. So the HF ``kernels``
+package can swap them in with ``kernelize`` (from a Hub or local export of this library, see
+``ltx-kernels export-hub``), and they also serve directly, e.g.
+``module.forward = types.MethodType(RMSNorm.forward, module)``.
+
+``can_torch_compile = True``: every op has a Meta implementation and traces without graph
+breaks. ``has_backward = False``: the ops have no autograd, so ``kernelize`` in a training
+mode keeps the stock forward.
+
+Mixed dtypes (a weight kept in fp32 under a bf16 model) compute what the stock module
+computes, dtype promotion included; matching dtypes run one fused op (fp32 math, one
+rounding), no further from fp32 than the stock forward.
 """
 
 from __future__ import annotations
@@ -11,88 +21,120 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from . import ops
+
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _eps_of(module: nn.Module) -> float:
-    for name in ("eps", "variance_epsilon"):
+    for name in ("variance_epsilon", "eps"):
         value = getattr(module, name, None)
         if value is not None:
             return float(value)
-    raise AttributeError(f"{type(module).__name__} has neither `eps` nor `variance_epsilon`")
+    raise AttributeError(f"{type(module).__name__} has neither `variance_epsilon` nor `eps`")
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim; ``weight_offset=1.0`` is Gemma's ``(1 + weight)``."""
+    """transformers' RMSNorm (Llama, Mistral, Qwen2/3, ...): ``weight * rms_norm(x)``.
 
-    def __init__(
-        self,
-        hidden_size: int,
-        eps: float = 1e-6,
-        elementwise_affine: bool = True,
-        weight_offset: float = 0.0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight_offset = weight_offset
-        init = torch.zeros if weight_offset else torch.ones
-        self.weight = (
-            nn.Parameter(init(hidden_size, device=device, dtype=dtype)) if elementwise_affine else None
-        )
+    Mixed dtypes: like Llama, the normalized ``x`` is rounded to its dtype, then multiplied by
+    ``weight`` with type promotion.
+    """
 
-    @classmethod
-    def from_module(cls, module: nn.Module, weight_offset: float = 0.0) -> "RMSNorm":
-        """A layer sharing ``module``'s weight (if any) and epsilon."""
-        weight = getattr(module, "weight", None)
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.eps = _eps_of(module)
-        layer.weight_offset = weight_offset
-        layer.weight = weight
-        return layer
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if weight.dtype != hidden_states.dtype:
+            return weight * ops.rms_norm(hidden_states, None, _eps_of(self))
+        return ops.rms_norm(hidden_states, weight, _eps_of(self))
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: ``rms_norm(x) * (1 + weight)`` in fp32, rounded once to ``x``'s dtype."""
+
+    can_torch_compile = True
+    has_backward = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(
-            x,
-            getattr(self, "weight", None),
-            _eps_of(self),
-            weight_offset=getattr(self, "weight_offset", 0.0),
-        )
+        weight = self.weight
+        if weight.dtype != x.dtype:
+            return ops.rms_norm(x.float(), weight.float(), _eps_of(self), weight_offset=1.0).to(x.dtype)
+        return ops.rms_norm(x, weight, _eps_of(self), weight_offset=1.0)
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm over the last dim, with optional weight and bias."""
+class DiffusersRMSNorm(nn.Module):
+    """diffusers' RMSNorm: optional ``weight`` (``elementwise_affine=False`` has none) and ``bias``.
 
-    def __init__(
-        self,
-        hidden_size: int,
-        eps: float = 1e-5,
-        elementwise_affine: bool = True,
-        bias: bool = True,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.eps = eps
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.ones(hidden_size, **factory)) if elementwise_affine else None
-        self.bias = (
-            nn.Parameter(torch.zeros(hidden_size, **factory)) if elementwise_affine and bias else None
-        )
+    Mixed dtypes: like diffusers, the output takes a half-precision weight's dtype, else fp32.
+    """
 
-    @classmethod
-    def from_module(cls, module: nn.Module) -> "LayerNorm":
-        """A layer sharing ``module``'s weight, bias (if any) and epsilon."""
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.eps = _eps_of(module)
-        layer.weight = getattr(module, "weight", None)
-        layer.bias = getattr(module, "bias", None)
-        return layer
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight, bias, eps = self.weight, getattr(self, "bias", None), _eps_of(self)
+        if weight is not None and weight.dtype != hidden_states.dtype:
+            out_dtype = weight.dtype if weight.dtype in _HALF else torch.float32
+            out = ops.rms_norm(hidden_states.float(), weight.float(), eps).to(out_dtype)
+        else:
+            out = ops.rms_norm(hidden_states, weight, eps)
+        return out if bias is None else out + bias
+
+
+class SiluAndMul(nn.Module):
+    """``silu(x[..., :H]) * x[..., H:]`` for ``x`` of ``[..., 2H]`` (vLLM's convention)."""
+
+    can_torch_compile = True
+    has_backward = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.layer_norm(
-            x, getattr(self, "weight", None), getattr(self, "bias", None), _eps_of(self)
-        )
+        gate, up = x.chunk(2, dim=-1)
+        return ops.silu_and_mul(gate, up)
+
+
+class GeluAndMul(nn.Module):
+    """``gelu(x[..., :H]) * x[..., H:]``, exact (erf) GELU."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return ops.gelu_and_mul(gate, up)
+
+
+class GeluTanhAndMul(nn.Module):
+    """``gelu_tanh(x[..., :H]) * x[..., H:]``."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return ops.gelu_tanh_and_mul(gate, up)
+
+
+class GeluTanh(nn.Module):
+    """GELU with the tanh approximation (transformers' ``GELUTanh``, ``gelu_pytorch_tanh``)."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.gelu_tanh(input)
+
+
+class LinearGeluTanh(nn.Module):
+    """diffusers' ``GELU(approximate="tanh")`` (the FeedForward input of LTX-Video, PixArt, ...):
+    ``gelu_tanh(proj(x))`` with the GELU in the GEMM's epilogue (``linear_gelu_tanh``)."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        proj = self.proj
+        if proj.bias is None or proj.weight.dtype != hidden_states.dtype:
+            return ops.gelu_tanh(proj(hidden_states))
+        return ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias)

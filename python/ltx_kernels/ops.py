@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-_ops = torch.ops.ltx_kernels
+from ._ops import ops as _ops
 
 
 def rms_norm(

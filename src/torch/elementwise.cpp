@@ -1,6 +1,6 @@
 // torch bindings of the elementwise family: gelu_tanh, the gated activations (two-input
 // *_and_mul forms and the concatenated geglu / swiglu) and gated_residual.
-#include <torch/library.h>
+#include "torch/registration.h"
 
 #include "ltx_kernels/elementwise.h"
 #include "torch/common.h"
@@ -205,13 +205,13 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { register_impls(m); }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
-TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) {
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_and_mul", &and_mul_meta);
   m.impl("gelu_and_mul", &and_mul_meta);

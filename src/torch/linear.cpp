@@ -8,7 +8,7 @@
 // op also keeps the fusion under torch.compile, whose decomposition would split it.
 // CPU: addmm then the tanh GELU (at::_addmm_activation's CPU path applies the exact GELU).
 #include <ATen/ATen.h>
-#include <torch/library.h>
+#include "torch/registration.h"
 
 #include "common.h"
 
@@ -58,10 +58,10 @@ at::Tensor linear_gelu_tanh_cuda(const at::Tensor& x, const at::Tensor& weight, 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cpu); }
-TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_meta); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cpu); }
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_meta); }
 #ifdef LTX_KERNELS_WITH_CUDA
-TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cuda); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cuda); }
 #endif
 
 }  // namespace ltx_kernels::torch_ext

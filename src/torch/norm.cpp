@@ -1,6 +1,6 @@
 // torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm, and the
 // DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm.
-#include <torch/library.h>
+#include "torch/registration.h"
 
 #include "ltx_kernels/norm.h"
 #include "torch/common.h"
@@ -229,13 +229,13 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { register_impls(m); }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
-TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) {
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("rms_norm", &rms_norm_meta);
   m.impl("fused_add_rms_norm", &fused_add_rms_norm_meta);
   m.impl("fused_add_rms_norm_", &fused_add_rms_norm__meta);

@@ -1,6 +1,6 @@
 // torch bindings of the RoPE family: apply_rotary_pos_emb (tables from the model), ltx_rope
 // (diffusers' LTX tables), ltx_rope_angles and ltx_qk_norm_rope (angles in the kernel).
-#include <torch/library.h>
+#include "torch/registration.h"
 
 #include "ltx_kernels/rope.h"
 #include "torch/common.h"
@@ -325,13 +325,13 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ltx_kernels, CPU, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { register_impls(m); }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-TORCH_LIBRARY_IMPL(ltx_kernels, CUDA, m) { register_impls(m); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
-TORCH_LIBRARY_IMPL(ltx_kernels, Meta, m) {
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("apply_rotary_pos_emb", &apply_rotary_pos_emb_meta);
   m.impl("ltx_rope", &ltx_rope_meta);
   m.impl("ltx_rope_angles", &ltx_rope_angles_meta);

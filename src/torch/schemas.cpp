@@ -1,8 +1,8 @@
 // Every operator's schema, in one place. Implementations (CPU, CUDA, Meta) live in the file
 // of their op family. Float arguments are `float` (double) in schemas, as torch requires.
-#include <torch/library.h>
+#include "torch/registration.h"
 
-TORCH_LIBRARY(ltx_kernels, m) {
+LTX_KERNELS_LIBRARY(m) {
   // Norm family (norm.cpp). weight_offset = 1 gives Gemma's (1 + weight).
   m.def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
         " -> Tensor");

@@ -1,64 +1,146 @@
+"""ltx_kernels.layers: forward replacements for HF modules, under the `kernels` layer rules."""
+
+import inspect
+import types
+
 import pytest
 import torch
 from torch import nn
 
-import ltx_kernels
-from conftest import DEVICES, assert_close
-from test_layer_norm import layer_norm_formula
+from conftest import DEVICES, DTYPES, assert_close
+from ltx_kernels import layers
 from test_rms_norm import rms_norm_formula
 
+transformers = pytest.importorskip("transformers")
+diffusers = pytest.importorskip("diffusers")
+from diffusers.models.activations import GELU as DiffusersGELU  # noqa: E402
+from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm  # noqa: E402
+from transformers.activations import GELUTanh  # noqa: E402
+from transformers.models.gemma.modeling_gemma import GemmaRMSNorm  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-class HFStyleRMSNorm(nn.Module):
-    """How transformers stores an RMSNorm: weight and variance_epsilon."""
+D = 111  # odd hidden size
 
-    def __init__(self, hidden):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(hidden))
-        self.variance_epsilon = 1e-5
+# (layer, a function building the stock module it replaces for hidden size D)
+REPLACES = {
+    layers.RMSNorm: lambda: LlamaRMSNorm(D, eps=1e-5),
+    layers.GemmaRMSNorm: lambda: GemmaRMSNorm(D, eps=1e-6),
+    layers.DiffusersRMSNorm: lambda: DiffusersRMSNorm(D, eps=1e-6),
+    layers.GeluTanh: lambda: GELUTanh(),
+    layers.LinearGeluTanh: lambda: DiffusersGELU(D, 2 * D, approximate="tanh"),
+}
+GATED = {
+    layers.SiluAndMul: lambda g, u: torch.nn.functional.silu(g) * u,
+    layers.GeluAndMul: lambda g, u: torch.nn.functional.gelu(g) * u,
+    layers.GeluTanhAndMul: lambda g, u: torch.nn.functional.gelu(g, approximate="tanh") * u,
+}
+ALL_LAYERS = [*REPLACES, *GATED]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_rms_norm_layer(device):
-    layer = ltx_kernels.layers.RMSNorm(96, eps=1e-5, device=device)
+def swapped(module: nn.Module, layer: type) -> nn.Module:
+    """``module`` with its forward replaced by ``layer.forward``, as ``kernelize`` does."""
+    module.forward = types.MethodType(layer.forward, module)
+    return module
+
+
+def random_stock(layer: type, device, dtype) -> nn.Module:
+    module = REPLACES[layer]().to(device=device, dtype=dtype)
     with torch.no_grad():
-        layer.weight.normal_()
-    x = torch.randn(2, 7, 96, device=device)
-    assert_close(layer(x), rms_norm_formula(x, layer.weight, 1e-5), torch.float32)
+        for p in module.parameters():
+            p.normal_()
+    return module
+
+
+@pytest.mark.parametrize("layer", ALL_LAYERS, ids=lambda c: c.__name__)
+def test_follows_the_kernels_layer_rules(layer):
+    """No constructor, no members beyond the two flags, the replaced forward's signature."""
+    assert issubclass(layer, nn.Module) and layer.__init__ is nn.Module.__init__
+    members = {name for name, _ in inspect.getmembers(layer)} - {name for name, _ in inspect.getmembers(nn.Module)}
+    assert members == {"can_torch_compile", "has_backward"}
+    assert layer.can_torch_compile is True and layer.has_backward is False
+    if layer in REPLACES:
+        ours = inspect.signature(layer.forward).parameters.values()
+        stock = inspect.signature(type(REPLACES[layer]()).forward).parameters.values()
+        assert [p.kind for p in ours] == [p.kind for p in stock]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_rms_norm_without_weight(device):
-    layer = ltx_kernels.layers.RMSNorm(96, eps=1e-6, elementwise_affine=False)
-    x = torch.randn(5, 96, device=device)
-    assert layer.weight is None
-    assert_close(layer(x), rms_norm_formula(x, None, 1e-6), torch.float32)
-
-
-def test_rms_norm_from_hf_module_shares_weight():
-    hf = HFStyleRMSNorm(48)
-    layer = ltx_kernels.layers.RMSNorm.from_module(hf)
-    assert layer.weight is hf.weight and layer.eps == 1e-5
-    x = torch.randn(3, 48)
-    assert_close(layer(x), rms_norm_formula(x, hf.weight, 1e-5), torch.float32)
-    # The layer's forward also works on the HF module itself (kernel-layer style).
-    assert_close(ltx_kernels.layers.RMSNorm.forward(hf, x), rms_norm_formula(x, hf.weight, 1e-5), torch.float32)
-
-
-def test_gemma_style_layer():
-    layer = ltx_kernels.layers.RMSNorm(32, weight_offset=1.0)
-    assert torch.equal(layer.weight, torch.zeros(32))  # (1 + 0) = identity scale, like Gemma
-    x = torch.randn(4, 32)
-    assert_close(layer(x), rms_norm_formula(x), torch.float32)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms_match_the_formula(device, dtype):
+    x = torch.randn(3, 5, D, device=device, dtype=dtype)
+    llama = random_stock(layers.RMSNorm, device, dtype)
+    assert_close(swapped(llama, layers.RMSNorm)(x), rms_norm_formula(x, llama.weight, 1e-5), dtype)
+    gemma = random_stock(layers.GemmaRMSNorm, device, dtype)
+    expected = rms_norm_formula(x.double(), 1 + gemma.weight.double(), 1e-6)
+    assert_close(swapped(gemma, layers.GemmaRMSNorm)(x), expected, dtype)
+    plain = random_stock(layers.DiffusersRMSNorm, device, dtype)
+    assert_close(swapped(plain, layers.DiffusersRMSNorm)(x), rms_norm_formula(x, plain.weight, 1e-6), dtype)
+    no_weight = DiffusersRMSNorm(D, eps=1e-6, elementwise_affine=False)
+    assert_close(swapped(no_weight, layers.DiffusersRMSNorm)(x), rms_norm_formula(x, None, 1e-6), dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_layer_norm_from_torch_module(device):
-    ref = nn.LayerNorm(80, eps=1e-6, device=device)
+def test_diffusers_rms_norm_with_bias(device):
+    module = DiffusersRMSNorm(D, eps=1e-6, bias=True).to(device)
     with torch.no_grad():
-        ref.weight.normal_()
-        ref.bias.normal_()
-    layer = ltx_kernels.layers.LayerNorm.from_module(ref)
-    x = torch.randn(6, 80, device=device)
-    assert_close(layer(x), layer_norm_formula(x, ref.weight, ref.bias, 1e-6), torch.float32)
-    no_affine = ltx_kernels.layers.LayerNorm(80, elementwise_affine=False)
-    assert_close(no_affine.to(device)(x), layer_norm_formula(x), torch.float32)
+        module.weight.normal_()
+        module.bias.normal_()
+    x = torch.randn(4, D, device=device)
+    expected = rms_norm_formula(x, module.weight, 1e-6) + module.bias
+    assert_close(swapped(module, layers.DiffusersRMSNorm)(x), expected, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layer", [layers.RMSNorm, layers.GemmaRMSNorm, layers.DiffusersRMSNorm], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("weight_dtype, x_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+def test_norm_mixed_dtypes_compute_like_stock(layer, weight_dtype, x_dtype, device):
+    stock = random_stock(layer, device, weight_dtype)
+    x = torch.randn(6, D, device=device, dtype=x_dtype)
+    expected = stock(x)
+    out = swapped(stock, layer)(x)
+    assert out.dtype == expected.dtype
+    assert_close(out, expected, out.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activations_match_torch(device, dtype):
+    x = torch.randn(4, 2 * D, device=device, dtype=dtype)
+    for layer, formula in GATED.items():
+        gate, up = x.double().chunk(2, dim=-1)
+        assert_close(layer()(x), formula(gate, up), dtype)
+    assert_close(swapped(GELUTanh(), layers.GeluTanh)(x), torch.nn.functional.gelu(x.double(), approximate="tanh"), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_tanh_matches_diffusers_gelu(device, dtype):
+    stock = random_stock(layers.LinearGeluTanh, device, dtype)
+    x = torch.randn(5, D, device=device, dtype=dtype)
+    expected = torch.nn.functional.gelu(
+        x.double() @ stock.proj.weight.double().T + stock.proj.bias.double(), approximate="tanh"
+    )
+    # The GEMM accumulates in fp32 over D terms: a second rounding's worth of slack.
+    assert_close(swapped(stock, layers.LinearGeluTanh)(x), expected, dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_compile_fullgraph(device):
+    norm = swapped(random_stock(layers.RMSNorm, device, torch.float32), layers.RMSNorm)
+    act = layers.SiluAndMul()
+    x = torch.randn(3, 2 * D, device=device)
+
+    def f(x):
+        return norm(act(x))
+
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    with torch.no_grad():  # the ops are inference ops (no autograd)
+        assert_close(torch.compile(f, fullgraph=True, backend=backend)(x), f(x), torch.float32)
+
+
+def test_missing_epsilon_is_named():
+    module = nn.Module()
+    module.weight = nn.Parameter(torch.ones(D))
+    with pytest.raises(AttributeError, match="neither `variance_epsilon` nor `eps`"):
+        layers.RMSNorm.forward(module, torch.randn(2, D))

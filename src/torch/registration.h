@@ -1,0 +1,21 @@
+// The torch.ops namespace the ops register under.
+//
+// "ltx_kernels" for the pip package. A HuggingFace Kernels Hub export compiles with a
+// build-unique LTX_KERNELS_OPS_NAMESPACE (e.g. _ltx_kernels_3f2a...), so several builds can be
+// loaded into one process side by side. TORCH_LIBRARY pastes its namespace argument into
+// identifiers, which stops a macro argument from expanding: the *_EXPAND indirection expands it
+// first.
+#pragma once
+
+#include <torch/library.h>
+
+#ifndef LTX_KERNELS_OPS_NAMESPACE
+#define LTX_KERNELS_OPS_NAMESPACE ltx_kernels
+#endif
+
+#define LTX_KERNELS_TORCH_LIBRARY_EXPAND(ns, m) TORCH_LIBRARY(ns, m)
+#define LTX_KERNELS_TORCH_LIBRARY_IMPL_EXPAND(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+// TORCH_LIBRARY(<namespace>, m) / TORCH_LIBRARY_IMPL(<namespace>, key, m) for our namespace.
+#define LTX_KERNELS_LIBRARY(m) LTX_KERNELS_TORCH_LIBRARY_EXPAND(LTX_KERNELS_OPS_NAMESPACE, m)
+#define LTX_KERNELS_LIBRARY_IMPL(k, m) LTX_KERNELS_TORCH_LIBRARY_IMPL_EXPAND(LTX_KERNELS_OPS_NAMESPACE, k, m)
