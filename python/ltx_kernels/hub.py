@@ -70,16 +70,25 @@ def _cuda_archs(build: dict) -> list[str]:
     return sorted({arch for k in kernels for arch in k.get("cuda-capabilities", [])})
 
 
+def _tool(name: str) -> str:
+    """``name`` on PATH or next to this Python (a venv's pip-installed cmake / ninja)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise RuntimeError(f"export-hub needs `{name}` (pip install cmake ninja)")
+    return found
+
+
 def _compile(source: Path, build_dir: Path, namespace: str, backend: str, archs: list[str]) -> Path:
+    cmake = _tool("cmake")
     configure = [
-        "cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja",
+        cmake, "-S", str(source), "-B", str(build_dir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
         "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}",
         f"-DLTX_KERNELS_OPS_NAMESPACE={namespace}",
         f"-DLTX_KERNELS_CUDA={'ON' if backend == 'cuda' else 'OFF'}",
     ]  # fmt: skip
     if backend == "cuda":
         configure.append("-DLTX_KERNELS_CUDA_ARCHITECTURES=" + ";".join(a.replace(".", "") for a in archs))
-    for command in (configure, ["cmake", "--build", str(build_dir), "--target", "_C"]):
+    for command in (configure, [cmake, "--build", str(build_dir), "--target", "_C"]):
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
