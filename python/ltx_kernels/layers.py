@@ -26,7 +26,7 @@ from . import ops
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _eps_of(module: nn.Module) -> float:
+def eps_of(module: nn.Module) -> float:
     for name in ("variance_epsilon", "eps"):
         value = getattr(module, name, None)
         if value is not None:
@@ -47,8 +47,8 @@ class RMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if weight.dtype != hidden_states.dtype:
-            return weight * ops.rms_norm(hidden_states, None, _eps_of(self))
-        return ops.rms_norm(hidden_states, weight, _eps_of(self))
+            return weight * ops.rms_norm(hidden_states, None, eps_of(self))
+        return ops.rms_norm(hidden_states, weight, eps_of(self))
 
 
 class GemmaRMSNorm(nn.Module):
@@ -60,8 +60,8 @@ class GemmaRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if weight.dtype != x.dtype:
-            return ops.rms_norm(x.float(), weight.float(), _eps_of(self), weight_offset=1.0).to(x.dtype)
-        return ops.rms_norm(x, weight, _eps_of(self), weight_offset=1.0)
+            return ops.rms_norm(x.float(), weight.float(), eps_of(self), weight_offset=1.0).to(x.dtype)
+        return ops.rms_norm(x, weight, eps_of(self), weight_offset=1.0)
 
 
 class DiffusersRMSNorm(nn.Module):
@@ -74,7 +74,7 @@ class DiffusersRMSNorm(nn.Module):
     has_backward = False
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight, bias, eps = self.weight, getattr(self, "bias", None), _eps_of(self)
+        weight, bias, eps = self.weight, getattr(self, "bias", None), eps_of(self)
         if weight is not None and weight.dtype != hidden_states.dtype:
             out_dtype = weight.dtype if weight.dtype in _HALF else torch.float32
             out = ops.rms_norm(hidden_states.float(), weight.float(), eps).to(out_dtype)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import ops
+from ltx_kernels.layers import eps_of
 from ltx_kernels._patching import Report, patch, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
@@ -172,16 +173,8 @@ def _sliding_window_of_layer(attention: nn.Module) -> int | None:
 # Patching.
 
 
-def _eps_of(module: nn.Module) -> float | None:
-    for name in ("variance_epsilon", "eps"):
-        value = getattr(module, name, None)
-        if isinstance(value, float):
-            return value
-    return None
-
-
 def _patch_norm(module: nn.Module, weight_offset: float) -> None:
-    patch(module, _norm, _ltx_eps=_eps_of(module), _ltx_weight_offset=weight_offset)
+    patch(module, _norm, _ltx_eps=eps_of(module), _ltx_weight_offset=weight_offset)
 
 
 def _probe_norm(module: nn.Module) -> float | str:
@@ -190,8 +183,10 @@ def _probe_norm(module: nn.Module) -> float | str:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, nn.Parameter) or weight.dim() != 1 or weight.device.type == "meta":
         return "no 1-D weight to check the norm with"
-    if _eps_of(module) is None:
-        return "no float `eps` / `variance_epsilon`"
+    try:
+        eps = eps_of(module)
+    except AttributeError:
+        return "no `eps` / `variance_epsilon`"
     probe = copy.deepcopy(module).float().cpu()
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, weight.numel(), generator=generator)
@@ -199,7 +194,7 @@ def _probe_norm(module: nn.Module) -> float | str:
         probe.weight.copy_(torch.randn(weight.numel(), generator=generator))
         expected = type(probe).forward(probe, x)
         for offset in (0.0, 1.0):
-            ours = ops.rms_norm(x, probe.weight, _eps_of(module), weight_offset=offset)
+            ours = ops.rms_norm(x, probe.weight, eps, weight_offset=offset)
             if expected.shape == ours.shape and torch.allclose(expected, ours, rtol=1e-4, atol=1e-5):
                 return offset
     return "its forward is neither x * rsqrt(mean(x^2) + eps) * weight nor * (1 + weight)"

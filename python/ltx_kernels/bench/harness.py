@@ -175,3 +175,14 @@ def time_ms(fn, reps: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def write_report(table: str, meta: dict, rows: list[dict], json_path: str | None, markdown_path: str | None) -> None:
+    """Prints an end-to-end benchmark's markdown table and writes it and the raw rows if asked."""
+    print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=1)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(table)

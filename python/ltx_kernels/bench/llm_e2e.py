@@ -21,7 +21,6 @@ against stock eager.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -153,14 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = dict(harness.device_meta(None), transformers=transformers.__version__, layers=args.layers)
     model = random_llama(args.layers)
     rows = run(model, args.modes, args.prefill, args.decode_batch, args.reps)
-    table = markdown(rows, meta, args)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": rows}, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+    harness.write_report(markdown(rows, meta, args), meta, rows, args.json, args.markdown)
     return 0
 
 

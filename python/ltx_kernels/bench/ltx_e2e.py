@@ -175,14 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for frames in args.frames:
         rows += run_frames(model, frames, args.height, args.width, args.modes, args.reps, args.loop_steps)
-    table = markdown(rows, meta, args)
-    print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": rows}, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+    harness.write_report(markdown(rows, meta, args), meta, rows, args.json, args.markdown)
     return 0
 
 
