@@ -130,6 +130,43 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
+# FP8 linear path (DESIGN.md section 6): e4m3 operands with one fp32 scale per row.
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``x`` ``[..., K]`` to ``float8_e4m3fn`` with one fp32 scale per row:
+    returns ``(q, scale)``, ``q`` of ``x``'s shape and ``scale`` of ``x.shape[:-1]``, with
+    ``x ~= q * scale[..., None]``. Exactly: ``amax = max(|row|, 1e-12)`` (NaN if the row has
+    one), ``scale = amax / 448``, ``q = e4m3(x * (448 / amax))`` rounded to nearest even, each
+    step in fp32. A row with inf or NaN gets non-finite elements and scale."""
+    return _ops.quantize_fp8(x)
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``x @ dequant(weight).T + bias`` in FP8: ``weight`` ``[N, K]`` is ``float8_e4m3fn`` with
+    ``weight_scale`` ``[N]`` (one per output channel, as :func:`quantize_fp8` gives for the
+    weight). A float ``x`` ``[..., K]`` is quantized per row here; an already quantized one is
+    passed with its ``x_scale``. fp32 accumulation, scales and bias applied before the one
+    rounding to ``out_dtype`` (default: ``x``'s dtype, or ``bias``'s / bfloat16 for an fp8
+    ``x``). K and N must be multiples of 16. On CUDA: ``torch._scaled_mm`` (compute capability
+    >= 8.9); fp16 / fp32 outputs take one extra pass for the scales."""
+    if x_scale is None:
+        if out_dtype is None:
+            out_dtype = x.dtype
+        x, x_scale = _ops.quantize_fp8(x)
+    elif out_dtype is None:
+        out_dtype = bias.dtype if bias is not None else torch.bfloat16
+    return _ops.fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype)
+
+
 # Activations. Math is fp32 (accurate tanh / erf / exp), rounded once.
 
 

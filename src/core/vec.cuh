@@ -32,6 +32,8 @@ template <>
 struct Raw<4> { using type = unsigned int; };
 template <>
 struct Raw<2> { using type = unsigned short; };
+template <>
+struct Raw<1> { using type = unsigned char; };
 
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> from_raw(const typename Raw<sizeof(T) * N>::type& raw) {

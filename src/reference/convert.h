@@ -1,6 +1,7 @@
 // Host conversions between storage dtypes and float, rounding to nearest even like the GPU.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -49,6 +50,26 @@ inline float round_to(float v, DType dtype) {
     case DType::kBFloat16: return bf16_to_float(float_to_bf16(v));
   }
   return v;
+}
+
+// float -> float8 e4m3fn bits, round to nearest even, saturating finite values to +-448 and
+// NaN to 0x7f, as the GPU's cvt.rn.satfinite.e4m3 does.
+inline uint8_t float_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;
+  if (a < 0.015625f) {  // below 2^-6: subnormal, steps of 2^-9 (8 steps: the first normal)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  uint32_t u;
+  std::memcpy(&u, &a, sizeof(u));
+  const uint32_t exponent = (u >> 23) - 127 + 7;
+  const uint32_t mantissa = u & 0x7fffffu;
+  const uint32_t kept = mantissa >> 20, rest = mantissa & 0xfffffu;
+  const uint32_t round_up = rest > 0x80000u || (rest == 0x80000u && (kept & 1u));
+  const uint32_t code = (exponent << 3) + kept + round_up;  // a carry moves into the exponent
+  return sign | static_cast<uint8_t>(code > 0x7eu ? 0x7eu : code);
 }
 
 }  // namespace ltx_kernels::host

@@ -19,3 +19,9 @@
 // TORCH_LIBRARY(<namespace>, m) / TORCH_LIBRARY_IMPL(<namespace>, key, m) for our namespace.
 #define LTX_KERNELS_LIBRARY(m) LTX_KERNELS_TORCH_LIBRARY_EXPAND(LTX_KERNELS_OPS_NAMESPACE, m)
 #define LTX_KERNELS_LIBRARY_IMPL(k, m) LTX_KERNELS_TORCH_LIBRARY_IMPL_EXPAND(LTX_KERNELS_OPS_NAMESPACE, k, m)
+
+namespace ltx_kernels::torch_ext {
+// The Autograd kernel of an op without a backward (autograd.cpp): raises when an input
+// requires grad in grad mode, so gradients are never silently None.
+torch::CppFunction forward_only_kernel();
+}  // namespace ltx_kernels::torch_ext

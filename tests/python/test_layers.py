@@ -44,10 +44,10 @@ def swapped(module: nn.Module, layer: type) -> nn.Module:
 
 
 def random_stock(layer: type, device, dtype) -> nn.Module:
-    module = REPLACES[layer]().to(device=device, dtype=dtype)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.normal_()
+    """A stock module with random parameters, frozen: the layers are forward-only."""
+    module = REPLACES[layer]().to(device=device, dtype=dtype).requires_grad_(False)
+    for p in module.parameters():
+        p.normal_()
     return module
 
 
@@ -81,10 +81,9 @@ def test_norms_match_the_formula(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_diffusers_rms_norm_with_bias(device):
-    module = DiffusersRMSNorm(D, eps=1e-6, bias=True).to(device)
-    with torch.no_grad():
-        module.weight.normal_()
-        module.bias.normal_()
+    module = DiffusersRMSNorm(D, eps=1e-6, bias=True).to(device).requires_grad_(False)
+    module.weight.normal_()
+    module.bias.normal_()
     x = torch.randn(4, D, device=device)
     expected = rms_norm_formula(x, module.weight, 1e-6) + module.bias
     assert_close(swapped(module, layers.DiffusersRMSNorm)(x), expected, torch.float32)
@@ -135,7 +134,7 @@ def test_layers_compile_fullgraph(device):
 
     torch._dynamo.reset()
     backend = "inductor" if device == "cuda" else "aot_eager"
-    with torch.no_grad():  # the ops are inference ops (no autograd)
+    with torch.no_grad():  # the ops are forward-only
         assert_close(torch.compile(f, fullgraph=True, backend=backend)(x), f(x), torch.float32)
 
 

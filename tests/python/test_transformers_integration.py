@@ -76,21 +76,26 @@ def apply_quietly(model):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_bf16_logits_no_worse_than_stock(model_type, device):
-    model = tiny_model(model_type).to(device)
-    ids, mask = prompt(device=device)
-    reference = logits(model, ids, mask)
-    model = model.to(torch.bfloat16)
-    stock = logits(model, ids, mask)
-    report = apply_quietly(model)
-    patched = logits(model, ids, mask)
-    layers = SIZES["num_hidden_layers"]
-    assert report.skipped == []
-    assert report.patched["attention rotary embedding (apply_rotary_pos_emb)"] == layers
-    assert report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] == layers
-    assert sum(v for k, v in report.patched.items() if k.startswith("gated MLP")) == layers
-    assert report.patched["RMSNorm (rms_norm)"] == 2 * layers + 1 + (2 * layers if model_type == "qwen3" else 0)
-    stock_err, patched_err = rel(stock, reference, mask), rel(patched, reference, mask)
-    assert torch.isfinite(patched).all()
+    """Patched bf16 vs fp32 stock, no worse than stock bf16 (x1.1), summed over 3 random models:
+    on one tiny model the ratio scatters by +-15% with the CPU's GEMM rounding order."""
+    stock_err = patched_err = 0.0
+    for seed in range(3):
+        model = tiny_model(model_type, seed=seed).to(device)
+        ids, mask = prompt(device=device, seed=seed + 1)
+        reference = logits(model, ids, mask)
+        model = model.to(torch.bfloat16)
+        stock = logits(model, ids, mask)
+        report = apply_quietly(model)
+        patched = logits(model, ids, mask)
+        layers = SIZES["num_hidden_layers"]
+        assert report.skipped == []
+        assert report.patched["attention rotary embedding (apply_rotary_pos_emb)"] == layers
+        assert report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] == layers
+        assert sum(v for k, v in report.patched.items() if k.startswith("gated MLP")) == layers
+        assert report.patched["RMSNorm (rms_norm)"] == 2 * layers + 1 + (2 * layers if model_type == "qwen3" else 0)
+        assert torch.isfinite(patched).all()
+        stock_err += rel(stock, reference, mask)
+        patched_err += rel(patched, reference, mask)
     assert 0 < stock_err
     assert patched_err <= 1.1 * stock_err, (patched_err, stock_err)
 

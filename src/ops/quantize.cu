@@ -1,0 +1,114 @@
+// CUDA kernel and launcher of FP8 row quantization (see include/ltx_kernels/quantize.h).
+//
+// TPR threads per row (32..256, rows of a block side by side) hold up to kItems vectors of
+// the row each in registers: one read for the row max and the quantization; a longer row is
+// re-read for its remaining vectors (from L2). The divisions are IEEE (__fdiv_rn) and the
+// product unfused, so the bytes equal the CPU reference's.
+#include <cuda_fp8.h>
+
+#include "core/reduce.cuh"
+#include "core/vec.cuh"
+#include "ltx_kernels/quantize.h"
+#include "ops/host_util.h"
+
+namespace ltx_kernels {
+namespace {
+
+using core::Floats;
+using core::Vec;
+
+constexpr int kThreads = 256;
+constexpr int kItems = 4;
+
+template <int N>
+__device__ __forceinline__ Vec<uint8_t, N> to_e4m3(const Floats<N>& f, float inv) {
+  Vec<uint8_t, N> q;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    q.v[j] = __nv_cvt_float_to_fp8(__fmul_rn(f.v[j], inv), __NV_SATFINITE, __NV_E4M3);
+  }
+  return q;
+}
+
+template <typename T, int N, int TPR>
+__global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizeParams p) {
+  constexpr int kRowsPerBlock = kThreads / TPR;
+  __shared__ float scratch[core::kMaxWarpsPerBlock];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  const bool active = row < p.rows;
+  const T* x = static_cast<const T*>(p.x) + (active ? row : 0) * p.x_row_stride;
+  const int64_t nvec = p.cols / N;
+  const auto col = [&](int64_t i) { return (threadIdx.x + i * TPR) * N; };
+  const auto valid = [&](int64_t i) { return active && threadIdx.x + i * TPR < nvec; };
+
+  Vec<T, N> cached[kItems];
+  float amax = 0.0f;
+  const core::NanMax max_op;
+  const auto absmax = [&](const Vec<T, N>& v) {
+    const Floats<N> f = core::widen(v);
+#pragma unroll
+    for (int j = 0; j < N; ++j) amax = max_op(amax, fabsf(f.v[j]));
+  };
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    cached[i] = valid(i) ? core::load_stream<T, N>(x + col(i)) : core::zeros<T, N>();
+    absmax(cached[i]);
+  }
+  for (int64_t i = kItems; valid(i); ++i) absmax(core::load_cached<T, N>(x + col(i)));
+  amax = core::row_reduce<TPR>(amax, scratch, max_op);
+  if (!active) return;
+
+  amax = max_op(amax, kMinAmax);
+  const float inv = __fdiv_rn(kFp8E4m3Max, amax);
+  if (threadIdx.x == 0) p.scale[row] = __fdiv_rn(amax, kFp8E4m3Max);
+  uint8_t* out = p.out + row * p.out_row_stride;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (valid(i)) core::store(out + col(i), to_e4m3(core::widen(cached[i]), inv));
+  }
+  for (int64_t i = kItems; valid(i); ++i) {
+    core::store(out + col(i), to_e4m3(core::widen(core::load_stream<T, N>(x + col(i))), inv));
+  }
+}
+
+template <typename T, int N, int TPR>
+cudaError_t launch_tpr(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kThreads / TPR;
+  const dim3 block(TPR, kRowsPerBlock);
+  const int64_t blocks = host_util::ceil_div(p.rows, kRowsPerBlock);
+  if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
+  quantize_fp8_kernel<T, N, TPR><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// Threads per row: enough for the row to fit in registers (kItems vectors each), at least
+// a warp, at most the block.
+template <typename T, int N>
+cudaError_t launch_vec(const QuantizeParams& p, cudaStream_t stream) {
+  const int64_t per_thread = host_util::ceil_div(p.cols / N, kItems);
+  if (per_thread <= 32) return launch_tpr<T, N, 32>(p, stream);
+  if (per_thread <= 64) return launch_tpr<T, N, 64>(p, stream);
+  if (per_thread <= 128) return launch_tpr<T, N, 128>(p, stream);
+  return launch_tpr<T, N, 256>(p, stream);
+}
+
+template <typename T>
+cudaError_t launch_typed(const QuantizeParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  return quantize_vector(p) == kVec ? launch_vec<T, kVec>(p, stream) : launch_vec<T, 1>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch(const QuantizeParams& p, cudaStream_t stream) {
+  if (validate(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.rows == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_typed<float>(p, stream);
+    case DType::kFloat16: return launch_typed<__half>(p, stream);
+    case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltx_kernels

@@ -1,0 +1,165 @@
+"""The FP8 linear path's ops: quantize_fp8 bit for bit against plain torch, fp8_linear against
+the dequantized product (and torch._scaled_mm on the GPU), Meta shapes and bad input."""
+
+import pytest
+import torch
+
+import ltx_kernels
+from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, TOLERANCE, assert_close, make_rows
+
+ops = torch.ops.ltx_kernels
+FP8 = torch.float8_e4m3fn
+
+
+def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_fp8's definition in plain torch: each step in fp32, rounding to nearest even."""
+    xf = x.float()
+    amax = xf.abs().amax(-1).clamp(min=1e-12)  # amax and clamp propagate NaN
+    inv = amax.new_tensor(448.0) / amax  # not 448.0 / amax: that is reciprocal(amax) * 448
+    return (xf * inv[..., None]).to(FP8), amax / 448.0
+
+
+def assert_same_fp8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor):
+    ref_q, ref_scale = torch_quantize(x)
+    assert q.dtype == FP8 and q.shape == x.shape and scale.shape == x.shape[:-1]
+    assert torch.equal(scale.cpu().isnan(), ref_scale.cpu().isnan())
+    finite = ~ref_scale.cpu().isnan()
+    assert torch.equal(scale.cpu()[finite], ref_scale.cpu()[finite])
+    # NaN bytes may differ in sign (torch keeps it, the GPU's cvt does not): compare as NaN.
+    got, want = q.cpu().float(), ref_q.cpu().float()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(0.0).view(torch.int32), want.nan_to_num(0.0).view(torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rows, hidden", [(0, 64), (1, 1), (3, 7), (67, 111), (5, 2048), (4, 5125), (2, 16384), (3, 20000)])
+def test_quantize_matches_torch_bit_for_bit(device, dtype, layout, rows, hidden):
+    x = make_rows(rows, hidden, dtype, device, layout) * 3.0
+    q, scale = ltx_kernels.quantize_fp8(x)
+    assert_same_fp8(q, scale, x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_special_rows(device, dtype):
+    """Zero rows, all-equal rows, tiny and huge values, and rows with inf and NaN."""
+    x = torch.randn(8, 96, device=device).to(dtype)
+    x[0] = 0
+    x[1] = -2.5
+    x[2] *= 1e-5
+    x[3] *= torch.finfo(dtype).max / 8
+    x[4, 7] = float("inf")
+    x[5, 3] = float("nan")
+    x[6, 0] = -float("inf")
+    q, scale = ltx_kernels.quantize_fp8(x)
+    assert_same_fp8(q, scale, x)
+    assert (q[0].float() == 0).all() and scale[0] > 0
+    assert (q[1].float() == -448).all()
+    assert q[5].float().isnan().all() and scale[5].isnan()
+    assert scale[4].isinf() and q[4, 7].float().isnan() and (q[4].float().nan_to_num(1.0) == 0).sum() == 95
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_round_trip_error_is_e4m3s(device):
+    x = torch.randn(64, 512, device=device)
+    q, scale = ltx_kernels.quantize_fp8(x)
+    err = (q.float() * scale[:, None] - x).abs() / x.abs().amax(-1, keepdim=True)
+    assert err.max() <= 2.0**-4  # half an e4m3 step at the top binade, relative to the row max
+
+
+def dequantized_reference(x, w, bias):
+    """The fp8 product in fp64 from the e4m3 values and scales of the quantized operands."""
+    qx, sx = torch_quantize(x)
+    qw, sw = torch_quantize(w)
+    out = (qx.double() * sx.double()[..., None]) @ (qw.double() * sw.double()[:, None]).T
+    return out + bias.double() if bias is not None else out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows, k, n", [(0, 16, 32), (1, 16, 16), (7, 64, 48), (67, 256, 160)])
+def test_fp8_linear_matches_the_dequantized_product(device, dtype, with_bias, rows, k, n):
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    bias = torch.randn(n, device=device, dtype=dtype) if with_bias else None
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    out = ltx_kernels.fp8_linear(x, qw, sw, bias)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    if rows:
+        # fp32 accumulation over k products, then one rounding: the tolerance of one rounding,
+        # with fp32's own share for the summation order.
+        assert_close(out, dequantized_reference(x, w, bias), dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_linear_batched_and_prequantized(device):
+    x = torch.randn(2, 5, 32, device=device, dtype=torch.bfloat16)
+    w = torch.randn(16, 32, device=device, dtype=torch.bfloat16)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    qx, sx = ltx_kernels.quantize_fp8(x)
+    out = ltx_kernels.fp8_linear(qx, qw, sw, x_scale=sx)
+    assert out.shape == (2, 5, 16) and out.dtype == torch.bfloat16
+    assert torch.equal(out, ltx_kernels.fp8_linear(x, qw, sw))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("rows, k, n", [(16128, 2048, 8192), (300, 8192, 2048), (5, 4096, 2048)])
+def test_fp8_linear_cuda_matches_scaled_mm(rows, k, n):
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    qx, sx = ltx_kernels.quantize_fp8(x)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    ref = torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias, out_dtype=torch.bfloat16)
+    assert torch.equal(ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx), ref)
+
+
+def test_meta_shapes():
+    x = torch.empty(2, 7, 32, device="meta", dtype=torch.bfloat16)
+    q, s = ops.quantize_fp8(x)
+    assert q.shape == x.shape and q.dtype == FP8 and s.shape == (2, 7) and s.dtype == torch.float32
+    w = torch.empty(48, 32, device="meta", dtype=FP8)
+    out = ops.fp8_linear(q, s, w, torch.empty(48, device="meta"), None, torch.bfloat16)
+    assert out.shape == (2, 7, 48) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_bad_input_names_the_argument(device):
+    x = torch.randn(3, 32, device=device)
+    q, s = ops.quantize_fp8(torch.randn(3, 32, device=device))
+    w, ws = ops.quantize_fp8(torch.randn(48, 32, device=device))
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16"):
+        ops.quantize_fp8(torch.randint(0, 3, (3, 32), device=device))
+    with pytest.raises(TypeError, match="fp8_linear: x and weight must be float8_e4m3fn"):
+        ops.fp8_linear(x, s, w, ws, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="x_scale must have x's shape"):
+        ops.fp8_linear(q, s[:2], w, ws, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="weight_scale must be"):
+        ops.fp8_linear(q, s, w, ws[:5], None, torch.bfloat16)
+    with pytest.raises(ValueError, match="weight must be \\[N, K\\]"):
+        ops.fp8_linear(q, s, w[:, :16], ws, None, torch.bfloat16)
+    q7, s7 = ops.quantize_fp8(torch.randn(3, 24, device=device))
+    w7, ws7 = ops.quantize_fp8(torch.randn(48, 24, device=device))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        ops.fp8_linear(q7, s7, w7, ws7, None, torch.bfloat16)
+    with pytest.raises(TypeError, match="bias must have out_dtype"):
+        ops.fp8_linear(q, s, w, ws, torch.randn(48, device=device), torch.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        ops.fp8_linear(q, s, w, ws, None, torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    w = torch.randn(32, 64, device=device)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+
+    def f(x):
+        return ltx_kernels.fp8_linear(x * 2, qw, sw) + 1
+
+    torch._dynamo.reset()
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    x = torch.randn(5, 64, device=device)
+    assert torch.equal(torch.compile(f, fullgraph=True, backend=backend)(x), f(x))
