@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import ops
-from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch
+from ltx_kernels._patching import Report, call_fused, is_patched, patch
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
@@ -90,8 +90,10 @@ class LtxKernelsAttnProcessor:
         query = attn.to_q(hidden_states)
         key = attn.to_k(context)
         value = attn.to_v(context)
-        query, key = call_with_parameters(
-            (attn.norm_q, attn.norm_k), lambda: _qk_norm_rope(attn, query, key, image_rotary_emb)
+        query, key = call_fused(
+            (attn.norm_q, attn.norm_k),
+            lambda: _qk_norm_rope(attn, query, key, image_rotary_emb),
+            lambda: _rope(attn.norm_q(query), attn.norm_k(key), image_rotary_emb),
         )
 
         hidden_states = dispatch_attention_fn(
@@ -110,19 +112,29 @@ class LtxKernelsAttnProcessor:
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
+    """norm_q / norm_k (read in place) and the RoPE: one launch with positions."""
     eps = attn.norm_q.eps
     if isinstance(rotary, LtxRopePositions):
         return torch.ops.ltx_kernels.ltx_qk_norm_rope(
             query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
             rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta,
         )
-    # Cross-attention (no RoPE), or the model-level patch was not applied and diffusers' own
-    # (cos, sin) tables come in.
     query = ops.rms_norm(query, attn.norm_q.weight, eps)
     key = ops.rms_norm(key, attn.norm_k.weight, attn.norm_k.eps)
-    if rotary is not None:
-        query, key = ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
-    return query, key
+    return _rope(query, key, rotary)
+
+
+def _rope(query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
+    """The RoPE alone: none (cross-attention), in-kernel angles from positions, or diffusers'
+    own (cos, sin) tables (the model forward left stock)."""
+    if rotary is None:
+        return query, key
+    if isinstance(rotary, LtxRopePositions):
+        return tuple(
+            torch.ops.ltx_kernels.ltx_rope_angles(x, rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta)
+            for x in (query, key)
+        )
+    return ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
 
 
 def _attend(attn: nn.Module, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
@@ -151,19 +163,30 @@ def _block_forward(
     )
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-    norm_hidden_states = call_with_parameters((self.norm1,), lambda: ops.adaln_rms_norm(
-        hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps
-    ))
+    norm_hidden_states = call_fused(
+        (self.norm1,),
+        lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
+        lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
+    )
     attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
 
     attn_hidden_states = _attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
     residual = hidden_states
-    hidden_states, norm_hidden_states = call_with_parameters((self.norm2,), lambda: ops.gated_residual_adaln_rms_norm(
-        residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
-    ))
+    hidden_states, norm_hidden_states = call_fused(
+        (self.norm2,),
+        lambda: ops.gated_residual_adaln_rms_norm(
+            residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
+        ),
+        lambda: _residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
+    )
     ff_output = self.ff(norm_hidden_states)
     return ops.gated_residual(hidden_states, ff_output, gate_mlp)
+
+
+def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
+    """What ``gated_residual_adaln_rms_norm`` fuses, with the norm called as a module."""
+    return hidden_states, norm(hidden_states) * (1 + scale) + shift
 
 
 def _model_forward(
@@ -202,11 +225,18 @@ def _model_forward(
     encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
 
     for block in self.transformer_blocks:
-        args = (hidden_states, encoder_hidden_states, temb, positions, encoder_attention_mask)
         if torch.is_grad_enabled() and self.gradient_checkpointing:
-            hidden_states = self._gradient_checkpointing_func(block, *args)
-        else:
-            hidden_states = block(*args)
+            hidden_states = self._gradient_checkpointing_func(
+                block, hidden_states, encoder_hidden_states, temb, positions, encoder_attention_mask
+            )
+        else:  # by keyword, as stock: block hooks (caches) may look arguments up by name
+            hidden_states = block(
+                hidden_states=hidden_states,
+                encoder_hidden_states=encoder_hidden_states,
+                temb=temb,
+                image_rotary_emb=positions,
+                encoder_attention_mask=encoder_attention_mask,
+            )
 
     scale_shift_values = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
     shift, scale = scale_shift_values[:, :, 0], scale_shift_values[:, :, 1]

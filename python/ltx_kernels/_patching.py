@@ -1,17 +1,24 @@
 """Instance-level forward patching shared by the diffusers and transformers integrations.
 
-A patch replaces one module instance's ``forward`` (never its class, so other instances and
-other models are untouched) and remembers what was there, so ``unpatch`` restores it exactly.
+A patch replaces one module instance's forward (never its class, so other instances and
+other models are untouched) and remembers what was there, so ``unpatch`` restores it.
 
-accelerate's hooks (``enable_model_cpu_offload``, ``enable_sequential_cpu_offload``,
-``device_map``) wrap ``module.forward`` and call ``module._old_forward`` inside the wrapper;
-a patch made after the hook goes into ``_old_forward`` so the hook keeps running around it, and
-a hook added after the patch wraps the patched forward. Either way ``unpatch`` finds the
-patched method wherever it ended up.
+What a patch replaces is the *base* forward, the one beneath every hook on the module:
+- diffusers' ``HookRegistry`` (``diffusers/hooks/hooks.py``: cache methods, layerwise
+  casting, group offloading) sets ``module.forward`` to a wrapper that calls, through a
+  ``HookFunctionReference``, the previous forward: ``fn_ref.forward``, or
+  ``fn_ref.original_forward`` for a hook with ``new_forward`` (which calls it itself);
+- accelerate (``enable_model_cpu_offload``, ``enable_sequential_cpu_offload``,
+  ``device_map``) sets ``module.forward`` to a wrapper that calls ``module._old_forward``.
+Hooks added before the patch keep running around it and hooks added after wrap it, in any
+order and nesting; ``unpatch`` follows the same chain to find the patched forward and
+restores the stock one there. Whatever the user put there after the patch (a forward or an
+attribute) is theirs and stays.
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,10 +28,57 @@ import torch
 from torch import nn
 
 _STATE = "_ltx_kernels_patch"
-_SLOTS = ("_old_forward", "forward")
 _ABSENT = object()  # an attribute the patch added rather than replaced
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEVICES = ("cuda", "cpu", "meta")
+
+
+def _hook_function_reference(forward):
+    """The ``HookFunctionReference`` whose diffusers registry wrapper ``forward`` is, or None.
+
+    The wrapper is ``functools.partial(new_forward, module)`` where ``new_forward`` is a
+    closure over its reference; the closure is the only place that ties a wrapper to its
+    hook (``__wrapped__`` goes stale when a hook beneath is removed)."""
+    hooks = sys.modules.get("diffusers.hooks.hooks")  # not imported: no registry exists
+    func = getattr(forward, "func", None)
+    if hooks is None or func is None:
+        return None
+    for cell in getattr(func, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, hooks.HookFunctionReference):
+            return cell.cell_contents
+    return None
+
+
+def _unwrap(module: nn.Module) -> tuple[tuple[dict, str], list]:
+    """Follows ``module.forward`` through the hook wrappers down to the base forward.
+
+    Returns the slot that holds the base forward, as (namespace dict, key): the module's
+    ``__dict__`` (``"forward"`` absent when no hook or patch is there: the class's forward,
+    or ``"_old_forward"``) or a ``HookFunctionReference``'s; and the hooks passed on the way,
+    outermost first: each a ``HookFunctionReference`` or an accelerate hook, both with
+    ``pre_forward(module, ...)`` and ``post_forward(module, output)``.
+    """
+    namespace, key, hooks = module.__dict__, "forward", []
+    while True:
+        forward = namespace.get(key)
+        fn_ref = _hook_function_reference(forward)
+        if fn_ref is not None:
+            hooks.append(fn_ref)
+            namespace, key = vars(fn_ref), "forward" if fn_ref.original_forward is None else "original_forward"
+        elif (
+            getattr(getattr(forward, "func", None), "__module__", None) == "accelerate.hooks"
+            and "_old_forward" in module.__dict__
+        ):
+            hooks.append(module._hf_hook)
+            namespace, key = module.__dict__, "_old_forward"
+        else:
+            return (namespace, key), hooks
+
+
+def _is_class_forward(module: nn.Module, forward) -> bool:
+    return forward is None or (
+        getattr(forward, "__func__", None) is type(module).forward and forward.__self__ is module
+    )
 
 
 def is_patched(module: nn.Module) -> bool:
@@ -32,60 +86,98 @@ def is_patched(module: nn.Module) -> bool:
 
 
 def patch(module: nn.Module, forward: Callable | None = None, **attributes) -> None:
-    """Makes ``module(...)`` run ``forward(module, ...)`` (unless ``forward`` is None) and sets
-    ``attributes`` on the module (e.g. an attention processor); :func:`unpatch` restores both."""
+    """Makes ``module``'s base forward (beneath its hooks) ``forward(module, ...)`` (unless
+    ``forward`` is None) and sets ``attributes`` on the module (e.g. an attention processor);
+    :func:`unpatch` restores both."""
     if is_patched(module):
         raise RuntimeError(f"{type(module).__name__} is already patched by ltx_kernels")
-    slot = "_old_forward" if hasattr(module, "_hf_hook") and "_old_forward" in module.__dict__ else "forward"
-    saved = {name: getattr(module, name, _ABSENT) for name in attributes}
-    module.__dict__[_STATE] = (forward, module.__dict__.get(slot), saved)
+    original = None
     if forward is not None:
-        setattr(module, slot, types.MethodType(forward, module))
+        (namespace, key), _ = _unwrap(module)
+        original = namespace.get(key)
+        namespace[key] = types.MethodType(forward, module)
+    saved = {}
     for name, value in attributes.items():
+        saved[name] = (getattr(module, name, _ABSENT), value)
         setattr(module, name, value)
+    module.__dict__[_STATE] = (forward, original, saved)
 
 
 def unpatch(module: nn.Module) -> bool:
-    """Restores what :func:`patch` replaced; returns False if it was not patched."""
+    """Restores what :func:`patch` replaced and is still there; returns False if it was not patched."""
     state = module.__dict__.pop(_STATE, None)
     if state is None:
         return False
     forward, original, saved = state
-    for slot in _SLOTS if forward is not None else ():
-        bound = module.__dict__.get(slot)
-        if getattr(bound, "__func__", None) is not forward:
-            continue
-        if original is not None:
-            module.__dict__[slot] = original
-        elif slot == "forward":
-            del module.__dict__["forward"]
-        else:  # under an accelerate hook that was added after the patch
-            module._old_forward = types.MethodType(type(module).forward, module)
-    for name, value in saved.items():
-        if value is _ABSENT:
+    if forward is not None:
+        (namespace, key), _ = _unwrap(module)
+        if getattr(namespace.get(key), "__func__", None) is forward:
+            if original is None:  # the class's forward, which hooks added since hold bound
+                original = types.MethodType(type(module).forward, module)
+            if namespace is module.__dict__ and key == "forward" and _is_class_forward(module, original):
+                del namespace[key]  # no hook left: stock again, nothing in the instance dict
+            else:
+                namespace[key] = original
+    for name, (old, ours) in saved.items():
+        if getattr(module, name, _ABSENT) is not ours:
+            continue  # set by the user after the patch (e.g. set_attn_processor): theirs stays
+        if old is _ABSENT:
             delattr(module, name)
         else:
-            setattr(module, name, value)
+            setattr(module, name, old)
     return True
 
 
-def call_with_parameters(modules: tuple[nn.Module, ...], fn: Callable[[], object]):
-    """Returns ``fn()``, run while ``modules`` hold their parameters on the execution device.
+def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfused: Callable[[], object]):
+    """``fused()``, a kernel that reads ``modules``' parameters in place of calling them
+    (e.g. ``norm_q.weight``), run between the modules' hooks; or ``unfused()``, which calls
+    the modules, where their hooks cannot run that way.
 
-    A fused kernel reads the weights of modules whose forward it replaces without calling them
-    (e.g. ``norm_q.weight``). Under ``enable_sequential_cpu_offload`` those weights live off
-    the device until the module's accelerate hook brings them in, so the hook is run around
-    ``fn``, which must read the weights itself. Without hooks (and under torch.compile) this
-    is just ``fn()``.
+    Hooks that prepare parameters run around ``fused``: each ``pre_forward(module)``,
+    outermost first, then ``post_forward(module, None)`` in reverse (accelerate's offload
+    hooks; diffusers' layerwise casting, which casts fp8-stored weights to the compute dtype
+    and back, and group offloading). They get the module alone: a fused kernel's inputs are
+    activations already where it runs. A hook that replaces the forward (diffusers'
+    ``new_forward``: caches, layer skip), torch forward hooks, or a forward the user set
+    must see the module's own call, so ``unfused`` runs. Without hooks this is ``fused()``
+    after a look at each module's ``__dict__`` and hook dicts (what torch.compile traces).
     """
-    hooked = [m for m in modules if getattr(m, "_hf_hook", None) is not None]
-    for m in hooked:
-        m._hf_hook.pre_forward(m)
+    if all("forward" not in m.__dict__ and not m._forward_hooks and not m._forward_pre_hooks for m in modules):
+        return fused()
+    runs = []
+    for m in modules:
+        (namespace, key), hooks = _unwrap(m)
+        if (
+            not _is_class_forward(m, namespace.get(key))
+            or m._forward_hooks or m._forward_pre_hooks
+            or any(getattr(hook, "original_forward", None) is not None for hook in hooks)
+        ):
+            return unfused()
+        runs += [(m, hook) for hook in hooks]
+    for m, hook in runs:
+        hook.pre_forward(m)
     try:
-        return fn()
+        return fused()
     finally:
-        for m in hooked:
-            m._hf_hook.post_forward(m, None)
+        for m, hook in reversed(runs):
+            hook.post_forward(m, None)
+
+
+def _compute_dtypes(model: nn.Module) -> dict[int, torch.dtype]:
+    """{id(tensor): dtype} for tensors stored in one dtype and computed in another: those of
+    modules under diffusers' layerwise casting hook (e.g. fp8 storage, bf16 compute), which
+    casts them for each forward, fused reads included (:func:`call_fused`)."""
+    casting = sys.modules.get("diffusers.hooks.layerwise_casting")
+    if casting is None:
+        return {}
+    dtypes = {}
+    for module in model.modules():
+        registry = module.__dict__.get("_diffusers_hook")
+        for hook in registry.hooks.values() if registry is not None else ():
+            if isinstance(hook, casting.LayerwiseCastingHook):
+                tensors = list(module.parameters()) + list(module.buffers())
+                dtypes.update((id(t), hook.compute_dtype) for t in tensors if t.is_floating_point())
+    return dtypes
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -94,7 +186,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     devices = {t.device.type for t in tensors} - set(_DEVICES)
     if devices:
         return f"parameters on {sorted(devices)}; ltx_kernels runs on CUDA (and CPU)"
-    dtypes = {t.dtype for t in tensors if t.is_floating_point()} - set(_DTYPES)
+    compute = _compute_dtypes(model)
+    dtypes = {compute.get(id(t), t.dtype) for t in tensors if t.is_floating_point()} - set(_DTYPES)
     if dtypes:
         return f"parameters in {sorted(map(str, dtypes))}; ltx_kernels takes fp32, fp16 and bf16"
     return None

@@ -12,8 +12,10 @@
 
 Text encoders (transformers models) are left to :mod:`ltx_kernels.transformers`. Patches are
 per instance and undone by :func:`remove`; they survive ``pipe.to(...)``, work before or after
-``enable_model_cpu_offload()`` / ``enable_sequential_cpu_offload()``, and trace without graph
-breaks under ``torch.compile(fullgraph=True)`` and ``compile_repeated_blocks``.
+diffusers' hooks (``enable_cache`` with any cache config, ``enable_layerwise_casting``,
+``enable_group_offload``) and ``enable_model_cpu_offload()`` /
+``enable_sequential_cpu_offload()`` (see :mod:`ltx_kernels._patching`), and trace without
+graph breaks under ``torch.compile(fullgraph=True)`` and ``compile_repeated_blocks``.
 A norm whose input dtype differs from its weight's (mixed-precision setups) computes that call
 with the stock forward, as the fused op is defined for one dtype.
 """
@@ -29,7 +31,7 @@ from torch import nn
 
 from ltx_kernels import ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
-from ltx_kernels._patching import Report, call_with_parameters, is_patched, patch, unpatch_all, unsupported_reason
+from ltx_kernels._patching import Report, call_fused, is_patched, patch, unpatch_all, unsupported_reason
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
@@ -43,9 +45,13 @@ def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
 
 def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     proj = self.proj
-    if type(proj) is nn.Linear and proj.bias is not None:  # not a LoRA-wrapped projection
-        return call_with_parameters((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias))
-    return ops.gelu_tanh(proj(hidden_states))
+
+    def unfused():  # the projection called as a module, then the GELU
+        return ops.gelu_tanh(proj(hidden_states))
+
+    if type(proj) is not nn.Linear or proj.bias is None:  # e.g. a LoRA-wrapped projection
+        return unfused()
+    return call_fused((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias), unfused)
 
 
 def _geglu_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
