@@ -8,9 +8,10 @@ What changes, per transformer block (the math is DESIGN.md section 3's LTX block
 - ``x + attn1 * gate_msa``: ``gated_residual``;
 - ``x + attn2`` fused with ``norm2`` + modulation: ``gated_residual_adaln_rms_norm``;
 - the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp``.
-Model level: the rotary module's tables are replaced by :class:`LtxRopePositions` and the
-final LayerNorm + modulation is one ``adaln_layer_norm``. GEMMs and attention (SDPA or
-diffusers' attention dispatcher, with the processor's backend) are untouched.
+Model level: the rotary module's tables are replaced by :class:`LtxRopePositions` (unless
+``inject(..., rope="stock")``, or an attn1 processor is not ours) and the final LayerNorm +
+modulation is one ``adaln_layer_norm``. GEMMs and attention (SDPA or diffusers' attention
+dispatcher, with the processor's backend) are untouched.
 """
 
 from __future__ import annotations
@@ -59,13 +60,29 @@ class LtxKernelsAttnProcessor:
     """An LTX block's attention: projections, QK-norm (+ RoPE for attn1, one fused launch with
     in-kernel angles), attention, output projection.
 
-    Keeps the replaced processor's attention backend and parallel config, so
-    ``set_attention_backend`` and the dispatcher behave as with the stock processor.
+    Its attention backend and parallel config are those of the stock processor it replaces,
+    read and written through, so ``set_attention_backend`` (which sets
+    ``processor._attention_backend``) reaches both and still holds after ``remove()``.
     """
 
     def __init__(self, stock: Any) -> None:
-        self._attention_backend = getattr(stock, "_attention_backend", None)
-        self._parallel_config = getattr(stock, "_parallel_config", None)
+        self._stock = stock
+
+    @property
+    def _attention_backend(self):
+        return getattr(self._stock, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, backend) -> None:
+        self._stock._attention_backend = backend
+
+    @property
+    def _parallel_config(self):
+        return getattr(self._stock, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, config) -> None:
+        self._stock._parallel_config = config
 
     def __call__(
         self,
@@ -126,7 +143,8 @@ def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotar
 
 def _rope(query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
     """The RoPE alone: none (cross-attention), in-kernel angles from positions, or diffusers'
-    own (cos, sin) tables (the model forward left stock)."""
+    own (cos, sin) tables (``rope="stock"``, a processor that is not ours in some block, or
+    the model forward left stock)."""
     if rotary is None:
         return query, key
     if isinstance(rotary, LtxRopePositions):
@@ -204,12 +222,22 @@ def _model_forward(
     return_dict: bool = True,
 ):
     """``LTXVideoTransformer3DModel.forward`` with positions instead of RoPE tables and a
-    fused output norm; everything else as diffusers computes it."""
+    fused output norm; everything else as diffusers computes it.
+
+    Positions only reach the blocks when ``inject`` was asked for exact angles and every
+    block's attn1 runs our processor (one the user set after ``inject``, e.g. with
+    ``set_attn_processor``, takes diffusers' tables); otherwise the tables are built as stock.
+    """
     from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-    positions = rope_positions(
-        self.rope, num_frames, height, width, rope_interpolation_scale, video_coords
-    )
+    if self._ltx_kernels_exact_rope and all(
+        isinstance(block.attn1.processor, LtxKernelsAttnProcessor) for block in self.transformer_blocks
+    ):
+        image_rotary_emb = rope_positions(
+            self.rope, num_frames, height, width, rope_interpolation_scale, video_coords
+        )
+    else:
+        image_rotary_emb = self.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
     if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
         encoder_attention_mask = (1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0
         encoder_attention_mask = encoder_attention_mask.unsqueeze(1)
@@ -227,14 +255,14 @@ def _model_forward(
     for block in self.transformer_blocks:
         if torch.is_grad_enabled() and self.gradient_checkpointing:
             hidden_states = self._gradient_checkpointing_func(
-                block, hidden_states, encoder_hidden_states, temb, positions, encoder_attention_mask
+                block, hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask
             )
         else:  # by keyword, as stock: block hooks (caches) may look arguments up by name
             hidden_states = block(
                 hidden_states=hidden_states,
                 encoder_hidden_states=encoder_hidden_states,
                 temb=temb,
-                image_rotary_emb=positions,
+                image_rotary_emb=image_rotary_emb,
                 encoder_attention_mask=encoder_attention_mask,
             )
 
@@ -299,10 +327,11 @@ def fused_submodules(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def patch_ltx_model(model: nn.Module, report: Report) -> None:
+def patch_ltx_model(model: nn.Module, report: Report, exact_rope: bool = True) -> None:
     """Patches one ``LTXVideoTransformer3DModel``: its blocks, their self-attention and the
-    model forward. A block whose structure differs from diffusers' is left stock, with a
-    warning in the report; so is the model forward if its signature changed."""
+    model forward (RoPE angles in the kernel if ``exact_rope``, else diffusers' tables). A
+    block whose structure differs from diffusers' is left stock, with a warning in the report;
+    so is the model forward if its signature changed."""
     blocks = list(model.transformer_blocks)
     problems = [_block_problem(block) for block in blocks]
     for index, (block, problem) in enumerate(zip(blocks, problems)):
@@ -324,7 +353,7 @@ def patch_ltx_model(model: nn.Module, report: Report) -> None:
     elif any(problems):
         why = "some blocks stay stock and need the RoPE tables"
     else:
-        patch(model, _model_forward_with_lora)
+        patch(model, _model_forward_with_lora, _ltx_kernels_exact_rope=exact_rope)
         report.patched[_MODEL_KIND] += 1
         return
     report.skipped.append(f"{name}.forward: {why}; RoPE tables and the output norm stay stock")

@@ -102,14 +102,35 @@ def _models(pipe_or_model) -> list[nn.Module]:
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 
 
-def inject(pipe_or_model) -> Report:
+def inject(pipe_or_model, rope: str = "exact") -> Report:
     """Patches a diffusers pipeline's models (or one model) in place; returns what was patched.
 
+    ``rope`` picks LTX-Video's RoPE angles:
+
+    - ``"exact"`` (default): computed in the attention kernel from the token positions,
+      reduced in fp64, so the ``[B, S, D]`` tables are never built. An fp32 model's output
+      then differs from stock diffusers' (on the tiny test models: ~1e-5 relative with
+      ``rope_interpolation_scale`` or ``video_coords``, 1e-4 to 3e-4 on the raw grid; more
+      on larger latents), and it is the stock side that is off: diffusers forms the angles
+      ``freq * (2 * position - 1)`` in fp32, with ``freq`` up to ``theta * pi / 2`` (~1.6e4);
+      on the raw grid (no ``rope_interpolation_scale``: positions up to the latent size)
+      angles reach ~1e5 rad, where one fp32 rounding is ~1e-2, and its cos/sin tables are
+      off by up to 3e-2 for a 3x4x5 latent, 3e-1 for 16x30x40.
+    - ``"stock"``: diffusers' own fp32 tables (``model.rope(...)``), applied with ``ltx_rope``:
+      an fp32 model then agrees with stock to fp32 rounding (~2e-7 relative), e.g. to check
+      a pipeline against stock outputs.
+
     What cannot be patched is listed in ``report.skipped`` and warned about. Calling
-    ``inject`` twice patches nothing new.
+    ``inject`` twice patches nothing new (the first call's ``rope`` stays).
+
+    Composes with diffusers' hooks in either order (``enable_cache``, layerwise casting,
+    group offloading, accelerate's CPU offload): patches go beneath the hooks, and weights a
+    fused kernel reads from a submodule are read with that submodule's hooks run around it.
     """
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
 
+    if rope not in ("exact", "stock"):
+        raise ValueError(f"rope must be 'exact' or 'stock', got {rope!r}")
     report = Report()
     for model in _models(pipe_or_model):
         problem = unsupported_reason(model)
@@ -120,7 +141,7 @@ def inject(pipe_or_model) -> Report:
         for module in model.modules():
             if isinstance(module, LTXVideoTransformer3DModel):
                 if not any(is_patched(block) for block in module.transformer_blocks):
-                    patch_ltx_model(module, report)
+                    patch_ltx_model(module, report, exact_rope=rope == "exact")
                 fused |= {id(m) for m in fused_submodules(module)}
         for name, module in model.named_modules():
             if id(module) in fused or is_patched(module):
