@@ -199,12 +199,24 @@ class Report:
 
     patched: Counter = field(default_factory=Counter)
     skipped: list[str] = field(default_factory=list)
+    # What the user should know about the patched model (training support, weight memory).
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"ltx_kernels patched {sum(self.patched.values())} modules:"]
         lines += [f"  {kind}: {count}" for kind, count in sorted(self.patched.items())]
         lines += [f"  not patched: {reason}" for reason in self.skipped]
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def note_training(self, model: nn.Module) -> None:
+        """Says, for a model in train mode, that the patched modules do not support training."""
+        if model.training and self.patched:
+            self.notes.append(
+                f"{type(model).__name__} is in train mode, but no patched module supports training yet: "
+                "the ltx_kernels ops are forward-only and raise when an input requires grad (never a silent "
+                "None gradient). Run inference under torch.no_grad(), or train the stock model (remove())."
+            )
 
 
 def unpatch_all(model: nn.Module) -> int:

@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import Report, call_fused, is_patched, patch, unpatch_all, unsupported_reason
 
@@ -49,7 +49,8 @@ def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Te
     def unfused():  # the projection called as a module, then the GELU
         return ops.gelu_tanh(proj(hidden_states))
 
-    if type(proj) is not nn.Linear or proj.bias is None:  # e.g. a LoRA-wrapped projection
+    # A LoRA-wrapped or FP8 projection runs as itself.
+    if type(proj) is not nn.Linear or proj.bias is None or _fp8.is_quantized(proj):
         return unfused()
     return call_fused((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias), unfused)
 
@@ -102,8 +103,33 @@ def _models(pipe_or_model) -> list[nn.Module]:
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 
 
-def inject(pipe_or_model, rope: str = "exact") -> Report:
+PRECISIONS = ("bf16", "fp8")
+
+
+def _check_precision(model: nn.Module, precision: str) -> None:
+    """Refuses, before anything changes, to mix precisions on one model."""
+    name = type(model).__name__
+    if any(_fp8.is_quantized(m) for m in model.modules()):
+        if precision != "fp8":
+            raise ValueError(f"{name} was injected with precision='fp8', which is one-way (its weights are "
+                             f"quantized): reload the model to inject it with precision={precision!r}")
+    elif precision == "fp8" and any(is_patched(m) for m in model.modules()):
+        raise ValueError(f"{name} is already injected with precision='bf16': call remove() first, then "
+                         "inject(..., precision='fp8')")
+
+
+def inject(
+    pipe_or_model, rope: str = "exact", precision: str = "bf16", fp8_skip=_fp8.DEFAULT_FP8_SKIP
+) -> Report:
     """Patches a diffusers pipeline's models (or one model) in place; returns what was patched.
+
+    ``precision="fp8"`` also runs the ``nn.Linear`` layers in FP8 (:mod:`ltx_kernels._fp8`):
+    weights quantized once to e4m3 with per-output-channel scales (the originals freed: one-way,
+    :func:`remove` then raises), activations per token; fp32 accumulation. ``fp8_skip`` lists
+    fnmatch patterns of qualified module names that stay in the model's dtype (default: the
+    input/output projections, timestep and caption embeddings, AdaLN tables, output norm).
+    Needs compute capability >= 8.9 on CUDA (checked before the model is touched); on the CPU
+    the format is emulated (slow; for tests). Not for training: FP8 is forward-only.
 
     ``rope`` picks LTX-Video's RoPE angles:
 
@@ -131,8 +157,20 @@ def inject(pipe_or_model, rope: str = "exact") -> Report:
 
     if rope not in ("exact", "stock"):
         raise ValueError(f"rope must be 'exact' or 'stock', got {rope!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if isinstance(fp8_skip, str) or not all(isinstance(p, str) for p in fp8_skip):
+        raise TypeError(f"fp8_skip must be a sequence of fnmatch patterns (str), got {fp8_skip!r}")
+    models = _models(pipe_or_model)
+    for model in models:
+        _check_precision(model, precision)
+        if precision == "fp8":
+            _fp8.check_device_supports_fp8(model)
     report = Report()
-    for model in _models(pipe_or_model):
+    for model in models:
+        if precision == "fp8" and any(_fp8.is_quantized(m) for m in model.modules()):
+            report.skipped.append(f"{type(model).__name__}: already injected with precision='fp8': nothing new patched")
+            continue
         problem = unsupported_reason(model)
         if problem is not None:
             report.skipped.append(f"{type(model).__name__}: {problem}")
@@ -155,14 +193,24 @@ def inject(pipe_or_model, rope: str = "exact") -> Report:
                 continue
             patch(module, forward)
             report.patched[kind] += 1
+        if precision == "fp8":
+            _fp8.quantize_linears(model, tuple(fp8_skip), report)
+        report.note_training(model)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.diffusers.inject: not patched: {reason}", stacklevel=2)
     return report
 
 
 def remove(pipe_or_model) -> int:
-    """Restores every module that :func:`inject` patched; returns how many."""
-    return sum(unpatch_all(model) for model in _models(pipe_or_model))
+    """Restores every module that :func:`inject` patched; returns how many. A model injected
+    with ``precision="fp8"`` cannot be restored (its weights were quantized): that raises,
+    and nothing is changed."""
+    models = _models(pipe_or_model)
+    for model in models:
+        if any(_fp8.is_quantized(m) for m in model.modules()):
+            raise RuntimeError(f"{type(model).__name__} was injected with precision='fp8', which is one-way: its "
+                               "bf16 weights were freed at inject. Reload the model to get the stock one back.")
+    return sum(unpatch_all(model) for model in models)
 
 
 @contextlib.contextmanager

@@ -275,6 +275,7 @@ def apply(model: nn.Module) -> Report:
         _patch_family(model, model_type, report)
     else:
         _patch_norms_by_class_name(model, model_type, report)
+    report.note_training(model)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.transformers.apply: {reason}", stacklevel=2)
     return report

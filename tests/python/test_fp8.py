@@ -15,8 +15,11 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_fp8's definition in plain torch: each step in fp32, rounding to nearest even."""
     xf = x.float()
     amax = xf.abs().amax(-1).clamp(min=1e-12)  # amax and clamp propagate NaN
-    inv = amax.new_tensor(448.0) / amax  # not 448.0 / amax: that is reciprocal(amax) * 448
-    return (xf * inv[..., None]).to(FP8), amax / 448.0
+    # Tensor / tensor: torch computes 448.0 / t as reciprocal(t) * 448, and on CUDA t / 448.0
+    # as t * (1 / 448); each is a second rounding.
+    fp8_max = amax.new_tensor(448.0)
+    inv = fp8_max / amax
+    return (xf * inv[..., None]).to(FP8), amax / fp8_max
 
 
 def assert_same_fp8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor):

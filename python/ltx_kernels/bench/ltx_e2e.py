@@ -6,7 +6,11 @@
 Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
 as shared/ANCHORS.md measures. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
-(``ltx_kernels.diffusers.inject``), ours + torch.compile, and ours captured in one CUDA graph.
+(``ltx_kernels.diffusers.inject``), ours + torch.compile, and ours captured in one CUDA graph;
+then, each on a fresh copy of the same random weights (quantizing is one-way): ours in FP8
+(``inject(precision="fp8")``), with and without torch.compile, and the anchor torchao FP8
+(``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``) + torch.compile, skipped
+with a message when torchao is not installed.
 Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
 the kernel-time split from the profiler (GEMM / attention / everything else), the step's
 output error against stock eager, and the time of a ``--loop-steps`` denoising loop through
@@ -24,20 +28,46 @@ import torch
 
 from ltx_kernels.bench import harness, ltx_models
 
-MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph"]
+MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
+         "torchao-fp8+compile"]
+# Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
+QUANTIZED = ("ours-fp8", "ours-fp8+compile", "torchao-fp8+compile")
+
+
+def _torchao_fp8(model) -> None:
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
 
 
 def _set_mode(model, mode: str) -> None:
     import ltx_kernels.diffusers as lkd
 
-    lkd.remove(model)
-    for block in model.transformer_blocks:
-        block._compiled_call_impl = None
+    if mode not in QUANTIZED:
+        lkd.remove(model)
+        for block in model.transformer_blocks:
+            block._compiled_call_impl = None
     torch._dynamo.reset()
-    if mode.startswith("ours"):
+    if mode.startswith("ours-fp8"):
+        lkd.inject(model, precision="fp8")
+    elif mode.startswith("ours"):
         lkd.inject(model)
+    elif mode.startswith("torchao"):
+        _torchao_fp8(model)
     if mode.endswith("compile"):
         model.compile_repeated_blocks(fullgraph=True)
+
+
+def available_modes(modes: list[str]) -> list[str]:
+    """``modes`` without the torchao anchors when torchao is not installed (said on stderr)."""
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        skipped = [m for m in modes if m.startswith("torchao")]
+        if skipped:
+            print(f"torchao is not installed: skipping {', '.join(skipped)}", file=sys.stderr)
+        return [m for m in modes if m not in skipped]
+    return modes
 
 
 def _cuda_graph_step(step):
@@ -59,14 +89,16 @@ def _cuda_graph_step(step):
     return replay
 
 
-def run_frames(model, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
-    kw = ltx_models.step_inputs(model, batch=2, num_frames=frames, height=height, width=width)
-    pipe = ltx_models.random_pipeline(model)
-    pipe.set_progress_bar_config(disable=True)
-    embeds = ltx_models.prompt_embeds(model, batch=1)
+def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
+    """One row per mode; ``fresh()`` builds another copy of ``stock`` for the quantized modes."""
+    kw = ltx_models.step_inputs(stock, batch=2, num_frames=frames, height=height, width=width)
+    embeds = ltx_models.prompt_embeds(stock, batch=1)
     reference = None
     rows = []
     for mode in modes:
+        model = fresh() if mode in QUANTIZED else stock
+        pipe = ltx_models.random_pipeline(model)
+        pipe.set_progress_bar_config(disable=True)
         _set_mode(model, "ours" if mode == "ours+cudagraph" else mode)
         row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
         with torch.no_grad():
@@ -97,7 +129,9 @@ def run_frames(model, frames: int, height: int, width: int, modes, reps: int, lo
                 row["loop_ms"] = harness.time_ms(loop, 2)
         rows.append(row)
         print(_row_line(row), flush=True)
-    _set_mode(model, "eager")
+        del model, pipe, step, out
+        torch.cuda.empty_cache()
+    _set_mode(stock, "eager")
     return rows
 
 
@@ -120,7 +154,8 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
     speedups = []
     for frames in sorted({r["frames"] for r in rows}):
         by = {r["mode"]: r["step_ms"] for r in rows if r["frames"] == frames}
-        pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile")]
+        pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
+                 ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
 
@@ -139,7 +174,8 @@ def plot(json_path: str, png_path: str) -> None:
     for ax, f in zip(axes[0], frames):
         by = {r["mode"]: r for r in rows if r["frames"] == f}
         xs = [m for m in modes if m in by]
-        ax.bar(xs, [by[m]["step_ms"] for m in xs], color=["#999", "#666", "#4a8", "#287", "#165"][: len(xs)])
+        colors = ["#999", "#666", "#4a8", "#287", "#165", "#48c", "#26a", "#c84"]
+        ax.bar(xs, [by[m]["step_ms"] for m in xs], color=[colors[MODES.index(m)] for m in xs])
         for i, m in enumerate(xs):
             ax.text(i, by[m]["step_ms"], f"{by[m]['step_ms']:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_title(f"{f} frames (S = {by[xs[0]]['tokens']})")
@@ -171,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         print("the end-to-end benchmark needs a CUDA device", file=sys.stderr)
         return 2
     meta = dict(harness.device_meta(None), config=args.config)
-    model = ltx_models.random_transformer(args.config, torch.bfloat16, "cuda")
+    modes = available_modes(args.modes)
+
+    def fresh():
+        return ltx_models.random_transformer(args.config, torch.bfloat16, "cuda")
+
+    model = fresh()
     rows = []
     for frames in args.frames:
-        rows += run_frames(model, frames, args.height, args.width, args.modes, args.reps, args.loop_steps)
+        rows += run_frames(model, fresh, frames, args.height, args.width, modes, args.reps, args.loop_steps)
     harness.write_report(markdown(rows, meta, args), meta, rows, args.json, args.markdown)
     return 0
 

@@ -1,0 +1,92 @@
+"""Fidelity benchmark: how far each mode's denoise lands from the same model in fp32.
+
+    python -m ltx_kernels.bench.fidelity --json fidelity.json --markdown fidelity.md
+
+LTX-Video (``--config``, random weights, seed 0), 49 frames 512x768, CFG 3, synthetic prompt
+embeddings: LTXPipeline runs a ``--steps``-step denoise and a 1-step one from the same noise in
+fp32 (the reference) and in each mode; the relative L2 distance of the final latents to the
+fp32 ones is reported. Modes: bf16 eager, ours bf16 (``inject``), ours FP8
+(``inject(precision="fp8")``) and torchao FP8 row-wise (skipped with a message when torchao is
+not installed). Every mode starts from the fp32 weights cast to bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ltx_kernels.bench import harness, ltx_models
+from ltx_kernels.bench.ltx_e2e import available_modes
+
+MODES = ["eager", "ours", "ours-fp8", "torchao-fp8"]
+
+
+def _prepare(reference_model, mode: str):
+    import copy
+
+    import ltx_kernels.diffusers as lkd
+    from ltx_kernels.bench.ltx_e2e import _torchao_fp8
+
+    model = copy.deepcopy(reference_model).to(torch.bfloat16)
+    if mode == "ours":
+        lkd.inject(model)
+    elif mode == "ours-fp8":
+        lkd.inject(model, precision="fp8")
+    elif mode == "torchao-fp8":
+        _torchao_fp8(model)
+    return model
+
+
+def _denoise(model, steps: int, frames: int, height: int, width: int) -> torch.Tensor:
+    pipe = ltx_models.random_pipeline(model)
+    pipe.set_progress_bar_config(disable=True)
+    embeds = ltx_models.prompt_embeds(model, batch=1)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        latents = pipe(**embeds, num_frames=frames, height=height, width=width, num_inference_steps=steps,
+                       guidance_scale=3.0, output_type="latent", generator=generator).frames
+    return latents.float()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.fidelity", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="2b", choices=["2b", "13b", "tiny"])
+    parser.add_argument("--frames", type=int, default=49)
+    parser.add_argument("--height", type=int, default=512)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the fidelity benchmark needs a CUDA device", file=sys.stderr)
+        return 2
+    modes = available_modes(args.modes)
+    reference_model = ltx_models.random_transformer(args.config, torch.float32, "cuda")
+    size = (args.frames, args.height, args.width)
+    reference = {steps: _denoise(reference_model, steps, *size) for steps in (args.steps, 1)}
+    rows = []
+    for mode in modes:
+        model = _prepare(reference_model, mode)
+        row = {"mode": mode}
+        for steps in (args.steps, 1):
+            row[f"err_{steps}_steps"] = harness.rel_err(_denoise(model, steps, *size), reference[steps])
+        rows.append(row)
+        print(row, flush=True)
+        del model
+        torch.cuda.empty_cache()
+    meta = dict(harness.device_meta(None), config=args.config, frames=args.frames, steps=args.steps)
+    lines = [f"LTX-Video {args.config}, random weights, {args.frames} frames {args.height}x{args.width}, CFG 3; "
+             f"{meta['gpu']}, torch {meta['torch']}. Relative L2 distance of the final latents to the fp32 model's.\n",
+             f"| mode | {args.steps} steps | 1 step |", "|---|---|---|"]
+    lines += [f"| {r['mode']} | {r[f'err_{args.steps}_steps']:.2e} | {r['err_1_steps']:.2e} |" for r in rows]
+    harness.write_report("\n".join(lines) + "\n", meta, rows, args.json, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""FP8 linear benchmark: ``python -m ltx_kernels.bench.gemm --json gemm.json --markdown gemm.md``.
+
+At the LTX-Video 2B linear shapes (tokens x in -> out, CFG batch 2 at 49 and 161 frames) and
+held-out ones, side by side in one run: the bf16 GEMM (``torch.nn.functional.linear``, cuBLAS),
+``torch._scaled_mm`` with row-wise e4m3 scales on pre-quantized operands (cuBLASLt, what
+torchao's FP8 runs), ours ``fp8_linear`` on pre-quantized operands, ours from a bf16 input
+(``quantize_fp8`` + GEMM, what a patched linear runs), and ``quantize_fp8`` alone with its share
+of copy bandwidth. TFLOPS count 2*M*N*K over the time of that column (the quantization
+included where it runs); error is the relative L2 distance to the fp32 product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ltx_kernels.bench import harness
+
+# (label, M tokens, K in, N out)
+SHAPES = [
+    ("ltx161f ff-up", 16128, 2048, 8192),
+    ("ltx161f ff-down", 16128, 8192, 2048),
+    ("ltx161f qkvo", 16128, 2048, 2048),
+    ("ltx49f ff-up", 5376, 2048, 8192),
+    ("ltx49f ff-down", 5376, 8192, 2048),
+    ("ltx49f qkvo", 5376, 2048, 2048),
+    ("held-out 1000x3072x3072", 1000, 3072, 3072),
+    ("held-out 4096x4096x14336", 4096, 4096, 14336),
+    ("held-out 333x5120x1536", 333, 5120, 1536),
+]
+
+
+def run_shape(label: str, m: int, k: int, n: int, copy_gbs: float) -> dict:
+    import ltx_kernels
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    reference = torch.nn.functional.linear(x.float(), w.float(), bias.float())
+    qx, sx = ltx_kernels.quantize_fp8(x)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    runs = {
+        "bf16": lambda: torch.nn.functional.linear(x, w, bias),
+        "scaled_mm": lambda: torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
+                                              out_dtype=torch.bfloat16),
+        "ours": lambda: ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx),
+        "ours+quantize": lambda: ltx_kernels.fp8_linear(x, qw, sw, bias),
+    }
+    row = {"shape": label, "m": m, "k": k, "n": n}
+    for name, fn in runs.items():
+        us = harness.bench_us(fn)
+        row[f"{name}_us"] = us
+        row[f"{name}_tflops"] = 2.0 * m * n * k / us / 1e6
+        row[f"{name}_err"] = harness.rel_err(fn(), reference)
+    us = harness.bench_us(lambda: ltx_kernels.quantize_fp8(x))
+    row["quantize_us"] = us
+    row["quantize_pct_copy"] = 100.0 * (m * k * 3 + m * 4) / (us * 1e-6) / 1e9 / copy_gbs
+    return row
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    head = (f"{meta['gpu']}, torch {meta['torch']}; copy {meta['copy_gbs']:.0f} GB/s. TFLOPS = 2MNK / median GPU "
+            "time (L2 flushed); error vs the fp32 product. scaled_mm and ours take pre-quantized operands; "
+            "ours+quantize includes quantize_fp8 of the bf16 input.\n\n")
+    lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8 | ours fp8 | ours + quantize | quantize_fp8 us (% copy) | "
+             "err bf16 / fp8 |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{r[f'{c}_tflops']:.0f} ({r[f'{c}_us']:.0f} us)" for c in ("bf16", "scaled_mm", "ours", "ours+quantize")]
+        lines.append(f"| {r['shape']} ({r['m']} x {r['k']} -> {r['n']}) | " + " | ".join(cells)
+                     + f" | {r['quantize_us']:.1f} ({r['quantize_pct_copy']:.0f}%) | "
+                     f"{r['bf16_err']:.1e} / {r['ours+quantize_err']:.1e} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.gemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the GEMM benchmark needs a CUDA device (FP8: compute capability >= 8.9)", file=sys.stderr)
+        return 2
+    copy_gbs = harness.copy_bandwidth_gbs()
+    meta = harness.device_meta(copy_gbs)
+    rows = [run_shape(*shape, copy_gbs) for shape in SHAPES]
+    harness.write_report(markdown(rows, meta), meta, rows, args.json, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

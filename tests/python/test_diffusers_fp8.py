@@ -1,0 +1,122 @@
+"""inject(..., precision="fp8") on LTX-Video: which linears go FP8, accuracy against the fp32
+model, one-way semantics and argument errors. The bf16 default is covered by
+test_diffusers_ltx.py and must stay unchanged."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from conftest import DEVICES, HAS_CUDA, rel_err
+
+pytest.importorskip("diffusers")
+import ltx_kernels.diffusers as lkd  # noqa: E402
+from ltx_kernels import _fp8  # noqa: E402
+from ltx_kernels._patching import is_patched  # noqa: E402
+from test_diffusers_ltx import step_kwargs, tiny_model  # noqa: E402
+
+# Linears per LTX block: attn1 and attn2 q/k/v/out, FF up and down.
+LINEARS_PER_BLOCK = 10
+# FP8 e4m3 keeps 3 mantissa bits: one quantized GEMM is ~2.5e-2 off on random data, and the
+# tiny model's output, through 2 blocks of residual updates, measured 1.5e-2 to 2.5e-2.
+FP8_TOLERANCE = 5e-2
+
+
+def model16(device, dtype=torch.float32):
+    """A tiny LTX model whose block linears have multiples of 16 features (D = 64)."""
+    return tiny_model(device, head_dim=16).to(dtype)
+
+
+def inject_quietly(model, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lkd.inject(model, **kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
+    stock = model16(device)
+    kw = step_kwargs(stock, "interpolation_scale", per_token=False)
+    with torch.no_grad():
+        reference = stock(**kw)[0]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = copy.deepcopy(stock).to(dtype)
+    report = inject_quietly(model, precision="fp8")
+    blocks = len(model.transformer_blocks)
+    assert report.patched[_fp8.KIND] == LINEARS_PER_BLOCK * blocks
+    quantized = {name for name, m in model.named_modules() if _fp8.is_quantized(m)}
+    assert all(name.startswith("transformer_blocks.") for name in quantized)
+    assert model.proj_in.weight.dtype == dtype and model.proj_out.weight.dtype == dtype
+    assert model.transformer_blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    assert any("FP8 weights" in note for note in report.notes)
+    with torch.no_grad():
+        out = model(**{k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()})[0]
+    err = rel_err(out, reference)
+    assert 0 < err <= FP8_TOLERANCE, err
+
+
+def test_fp8_skip_keeps_matching_linears():
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8", fp8_skip=[*_fp8.DEFAULT_FP8_SKIP, "*.ff.*"])
+    assert model.transformer_blocks[0].ff.net[2].weight.dtype == torch.float32
+    assert _fp8.is_quantized(model.transformer_blocks[0].attn2.to_v)
+
+
+def test_features_not_multiple_of_16_stay_bf16_and_are_reported():
+    model = tiny_model("cpu", head_dim=10)  # D = 40
+    report = inject_quietly(model, precision="fp8")
+    assert report.patched[_fp8.KIND] == 0
+    assert any("not multiples of 16" in reason for reason in report.skipped)
+    with torch.no_grad():
+        assert torch.isfinite(model(**step_kwargs(model, "interpolation_scale", per_token=False))[0]).all()
+
+
+def test_fp8_is_one_way_and_precisions_do_not_mix():
+    model = model16("cpu")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        lkd.inject(model, precision="int4")
+    with pytest.raises(TypeError, match="fp8_skip"):
+        lkd.inject(model, precision="fp8", fp8_skip="proj_in")
+    assert not any(is_patched(m) for m in model.modules())  # nothing changed
+    inject_quietly(model)
+    with pytest.raises(ValueError, match="already injected with precision='bf16'"):
+        lkd.inject(model, precision="fp8")
+    lkd.remove(model)
+    inject_quietly(model, precision="fp8")
+    weights = {name: p.clone() for name, p in model.named_parameters()}
+    with pytest.raises(RuntimeError, match="one-way"):
+        lkd.remove(model)
+    with pytest.raises(ValueError, match="was injected with precision='fp8'"):
+        lkd.inject(model)
+    again = inject_quietly(model, precision="fp8")
+    assert sum(again.patched.values()) == 0
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
+
+
+def test_fp8_compiles_fullgraph():
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8")
+    kw = step_kwargs(model, "interpolation_scale", per_token=False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(**kw)[0]
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_fp8_refuses_gpus_without_fp8_before_changing_the_model(monkeypatch):
+    """An sm_80 GPU (faked: the check reads only devices and capabilities) is refused by name."""
+    model = torch.nn.Linear(16, 16)
+    monkeypatch.setattr(_fp8, "_cuda_devices", lambda m: {torch.device("cuda", 0)})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match="A100 on cuda:0 has compute capability 8.0"):
+        lkd.inject(model, precision="fp8")
+    assert model.weight.dtype == torch.float32 and not is_patched(model)
+
+
+def test_train_mode_report_says_forward_only():
+    model = model16("cpu").train()
+    report = inject_quietly(model)
+    assert any("train mode" in note and "forward-only" in note for note in report.notes)
