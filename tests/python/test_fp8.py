@@ -9,6 +9,8 @@ from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, TOLERANCE, assert_close
 
 ops = torch.ops.ltx_kernels
 FP8 = torch.float8_e4m3fn
+# Relative error of an FP8 tensor-core GEMM's fp32 output (H100: 7.5e-5 measured at K = 64).
+FP8_ACCUMULATOR_ERROR = 2e-4
 
 
 def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,8 +95,10 @@ def test_fp8_linear_matches_the_dequantized_product(device, dtype, with_bias, ro
     assert out.dtype == dtype and out.shape == (rows, n)
     if rows:
         # fp32 accumulation over k products, then one rounding: the tolerance of one rounding,
-        # with fp32's own share for the summation order.
-        assert_close(out, dequantized_reference(x, w, bias), dtype, scale=2.0)
+        # with fp32's own share for the summation order; for an fp32 output on the GPU, the
+        # FP8 tensor cores' accumulator (about 22 mantissa bits on Hopper) dominates.
+        scale = FP8_ACCUMULATOR_ERROR / TOLERANCE[dtype] if device == "cuda" and dtype == torch.float32 else 2.0
+        assert_close(out, dequantized_reference(x, w, bias), dtype, scale=scale)
 
 
 @pytest.mark.parametrize("device", DEVICES)

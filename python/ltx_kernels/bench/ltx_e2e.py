@@ -90,13 +90,15 @@ def _cuda_graph_step(step):
 
 
 def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
-    """One row per mode; ``fresh()`` builds another copy of ``stock`` for the quantized modes."""
-    kw = ltx_models.step_inputs(stock, batch=2, num_frames=frames, height=height, width=width)
-    embeds = ltx_models.prompt_embeds(stock, batch=1)
+    """One row per mode; ``fresh()`` builds another copy of the weights for the quantized modes
+    (``stock`` is None when only those run, so that their peak memory is their own)."""
     reference = None
     rows = []
     for mode in modes:
         model = fresh() if mode in QUANTIZED else stock
+        # Seeded: every mode gets the same inputs.
+        kw = ltx_models.step_inputs(model, batch=2, num_frames=frames, height=height, width=width)
+        embeds = ltx_models.prompt_embeds(model, batch=1)
         pipe = ltx_models.random_pipeline(model)
         pipe.set_progress_bar_config(disable=True)
         _set_mode(model, "ours" if mode == "ours+cudagraph" else mode)
@@ -131,7 +133,8 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         print(_row_line(row), flush=True)
         del model, pipe, step, out
         torch.cuda.empty_cache()
-    _set_mode(stock, "eager")
+    if stock is not None:
+        _set_mode(stock, "eager")
     return rows
 
 
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return ltx_models.random_transformer(args.config, torch.bfloat16, "cuda")
 
-    model = fresh()
+    model = fresh() if any(m not in QUANTIZED for m in modes) else None
     rows = []
     for frames in args.frames:
         rows += run_frames(model, fresh, frames, args.height, args.width, modes, args.reps, args.loop_steps)
