@@ -6,6 +6,10 @@
 //   q     = e4m3(x * (448 / amax))                      (fp32 product, round to nearest even)
 // so x ~= q * scale. A row holding inf or NaN gets a NaN or inf scale and NaN elements: its
 // GEMM output row is NaN, as the unquantized product's would be non-finite.
+// With activation kGeluTanh, x is replaced by gelu_tanh(x) in fp32 first (the FF's GELU fused
+// into the quantization of the next GEMM's input; the GPU uses the fast form of
+// core/activation.cuh, ~1e-6 relative, so its bytes can differ from the reference's by one
+// e4m3 step where a value lies that close to a rounding boundary).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +25,14 @@ namespace ltx_kernels {
 constexpr float kFp8E4m3Max = 448.0f;
 constexpr float kMinAmax = 1e-12f;  // as torchao: a zero row gets a tiny scale, not 0 / 0
 
+enum class QuantizeActivation : int32_t {
+  kNone = 0,
+  kGeluTanh = 1,
+};
+
 struct QuantizeParams {
   DType dtype = DType::kFloat32;  // of x
+  QuantizeActivation activation = QuantizeActivation::kNone;
   int64_t rows = 0;
   int64_t cols = 0;
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ._patching import patch
+from ._patching import call_fused, is_patched, patch
 
 # Linears that stay bf16 by default: the model's input and output projections and the
 # embeddings (timestep, caption) and AdaLN tables, outside the transformer blocks, where the
@@ -23,6 +23,7 @@ from ._patching import patch
 DEFAULT_FP8_SKIP = ("proj_in", "proj_out", "time_embed.*", "caption_projection.*", "*adaln*", "norm_out.*")
 MARKER = "_ltx_kernels_fp8"
 KIND = "nn.Linear (fp8_linear, e4m3 weights and per-token activations)"
+FF_KIND = "FeedForward GELU-tanh (fp8 up, GELU fused into the down projection's quantize_fp8)"
 
 
 def is_quantized(module: nn.Module) -> bool:
@@ -45,11 +46,63 @@ def check_device_supports_fp8(model: nn.Module) -> None:
             )
 
 
+def _bias(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor | None:
+    bias = linear.bias
+    return bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
+
+
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    bias = self.bias
-    if bias is not None and bias.dtype != x.dtype:
-        bias = bias.to(x.dtype)
-    return ops.fp8_linear(x, self.weight, self.weight_scale, bias)
+    return ops.fp8_linear(x, self.weight, self.weight_scale, _bias(self, x.dtype))
+
+
+def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: torch.dtype) -> list[torch.Tensor]:
+    return [ops.fp8_linear(q, m.weight, m.weight_scale, _bias(m, dtype), x_scale=scale, out_dtype=dtype)
+            for m in linears]
+
+
+def linears(x: torch.Tensor, modules: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+    """``[m(x) for m in modules]``; when every module is an FP8 linear of ours without hooks,
+    ``x`` is quantized once for all of them (attention's q/k/v read the same input)."""
+
+    def unfused():
+        return [m(x) for m in modules]
+
+    if len(modules) < 2 or not all(is_quantized(m) for m in modules):
+        return unfused()
+    return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(x), modules, x.dtype), unfused)
+
+
+def _feed_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """diffusers' GELU-tanh ``FeedForward`` with both linears in FP8: the up projection's
+    output is quantized for the down projection with the GELU applied inside
+    ``quantize_fp8``, so the activation is read once instead of written, read and rewritten."""
+    gelu, down = self.net[0], self.net[2]
+
+    def unfused():
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+
+    def fused():
+        up = gelu.proj(hidden_states)
+        q, scale = ops.quantize_fp8(up, activation="gelu_tanh")
+        return _quantized_matmuls(q, scale, (down,), hidden_states.dtype)[0]
+
+    if self.training and any(m.p > 0 for m in self.net if isinstance(m, nn.Dropout)):
+        return unfused()
+    return call_fused((gelu, gelu.proj, down), fused, unfused)
+
+
+def _fusable_feed_forward(module: nn.Module) -> bool:
+    """A diffusers ``FeedForward`` of GELU(tanh) -> Dropout -> Linear (-> Dropout), both linears
+    ours in FP8."""
+    from diffusers.models.activations import GELU
+    from diffusers.models.attention import FeedForward
+
+    if type(module) is not FeedForward or len(module.net) not in (3, 4):
+        return False
+    gelu, drop, down = module.net[0], module.net[1], module.net[2]
+    return (type(gelu) is GELU and gelu.approximate == "tanh" and is_quantized(gelu.proj)
+            and type(drop) is nn.Dropout and is_quantized(down)
+            and all(type(m) is nn.Dropout for m in module.net[3:]))
 
 
 def _why_not(module: nn.Linear) -> str | None:
@@ -80,6 +133,10 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report) -> None:
         patch(module, _forward)
         module.__dict__[MARKER] = True
         report.patched[KIND] += 1
+    for module in model.modules():
+        if not is_patched(module) and _fusable_feed_forward(module):
+            patch(module, _feed_forward)
+            report.patched[FF_KIND] += 1
     if before:
         report.notes.append(
             f"{type(model).__name__}: FP8 weights {before / 2**30:.2f} GiB -> {after / 2**30:.2f} GiB (scales included); "

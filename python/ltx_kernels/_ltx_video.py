@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels._patching import Report, call_fused, is_patched, patch
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
@@ -104,9 +104,12 @@ class LtxKernelsAttnProcessor:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
 
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(context)
-        value = attn.to_v(context)
+        # Projections that read one input share its FP8 quantization (when they are FP8).
+        if encoder_hidden_states is None:
+            query, key, value = _fp8.linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
+        else:
+            query = attn.to_q(hidden_states)
+            key, value = _fp8.linears(context, (attn.to_k, attn.to_v))
         query, key = call_fused(
             (attn.norm_q, attn.norm_k),
             lambda: _qk_norm_rope(attn, query, key, image_rotary_emb),

@@ -85,6 +85,12 @@ def is_patched(module: nn.Module) -> bool:
     return _STATE in module.__dict__
 
 
+def _is_our_forward(module: nn.Module, forward) -> bool:
+    """Whether ``forward`` is the forward our patch put there: a fused kernel that stands in
+    for our own forward computes what it would (e.g. an FP8 linear's)."""
+    return is_patched(module) and getattr(forward, "__func__", None) is module.__dict__[_STATE][0] is not None
+
+
 def patch(module: nn.Module, forward: Callable | None = None, **attributes) -> None:
     """Makes ``module``'s base forward (beneath its hooks) ``forward(module, ...)`` (unless
     ``forward`` is None) and sets ``attributes`` on the module (e.g. an attention processor);
@@ -139,7 +145,8 @@ def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfu
     and back, and group offloading). They get the module alone: a fused kernel's inputs are
     activations already where it runs. A hook that replaces the forward (diffusers'
     ``new_forward``: caches, layer skip), torch forward hooks, or a forward the user set
-    must see the module's own call, so ``unfused`` runs. Without hooks this is ``fused()``
+    must see the module's own call, so ``unfused`` runs. A module whose base forward is our
+    own patch counts as unhooked. Without hooks this is ``fused()``
     after a look at each module's ``__dict__`` and hook dicts (what torch.compile traces).
     """
     if all("forward" not in m.__dict__ and not m._forward_hooks and not m._forward_pre_hooks for m in modules):
@@ -148,7 +155,7 @@ def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfu
     for m in modules:
         (namespace, key), hooks = _unwrap(m)
         if (
-            not _is_class_forward(m, namespace.get(key))
+            not (_is_class_forward(m, namespace.get(key)) or _is_our_forward(m, namespace.get(key)))
             or m._forward_hooks or m._forward_pre_hooks
             or any(getattr(hook, "original_forward", None) is not None for hook in hooks)
         ):

@@ -133,13 +133,19 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
 # FP8 linear path (DESIGN.md section 6): e4m3 operands with one fp32 scale per row.
 
 
-def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, activation: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of ``x`` ``[..., K]`` to ``float8_e4m3fn`` with one fp32 scale per row:
     returns ``(q, scale)``, ``q`` of ``x``'s shape and ``scale`` of ``x.shape[:-1]``, with
     ``x ~= q * scale[..., None]``. Exactly: ``amax = max(|row|, 1e-12)`` (NaN if the row has
     one), ``scale = amax / 448``, ``q = e4m3(x * (448 / amax))`` rounded to nearest even, each
-    step in fp32. A row with inf or NaN gets non-finite elements and scale."""
-    return _ops.quantize_fp8(x)
+    step in fp32. A row with inf or NaN gets non-finite elements and scale.
+
+    ``activation="gelu_tanh"`` quantizes ``gelu(x, approximate="tanh")`` computed in fp32 (a
+    GELU feed-forward's activation fused into the quantization of the down projection's
+    input: one pass instead of two, and no bf16 rounding in between)."""
+    if activation not in ("none", "gelu_tanh"):
+        raise ValueError(f"quantize_fp8: activation must be 'none' or 'gelu_tanh', got {activation!r}")
+    return _ops.quantize_fp8(x, activation)
 
 
 def fp8_linear(

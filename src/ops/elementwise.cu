@@ -6,6 +6,7 @@
 // The math must stay cheap next to the memory time (a few instructions per element).
 #include <climits>
 
+#include "core/activation.cuh"
 #include "core/row_vectors.cuh"
 #include "core/vec.cuh"
 #include "ltx_kernels/elementwise.h"
@@ -26,28 +27,12 @@ template <ElementwiseOp OP>
 constexpr int kMinBlocksPerSm = OP == ElementwiseOp::kGatedResidual ? 3 : 4;
 constexpr unsigned kMaxGridY = 65535;
 
-// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp and a fast division instead of
-// tanhf, whose instruction count kept the kernel from memory speed. Relative error ~1e-6;
-// the limits are right (exp overflows to inf and x / inf is 0 for large negative x).
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
-  const float two_u = kTwoSqrt2OverPi * (x + 0.044715f * x * x * x);
-  return __fdividef(x, 1.0f + __expf(-two_u));
-}
-
-__device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-}
-
-// x * sigmoid(x) with the fast exp and division (same accuracy argument as gelu_tanh).
-__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
-
 template <ElementwiseOp OP>
 __device__ __forceinline__ float apply(float a, float b, float gate) {
-  if constexpr (OP == ElementwiseOp::kGeluTanh) return gelu_tanh(a);
-  if constexpr (OP == ElementwiseOp::kGeluTanhAndMul) return gelu_tanh(a) * b;
-  if constexpr (OP == ElementwiseOp::kGeluAndMul) return gelu(a) * b;
-  if constexpr (OP == ElementwiseOp::kSiluAndMul) return silu(a) * b;
+  if constexpr (OP == ElementwiseOp::kGeluTanh) return core::gelu_tanh(a);
+  if constexpr (OP == ElementwiseOp::kGeluTanhAndMul) return core::gelu_tanh(a) * b;
+  if constexpr (OP == ElementwiseOp::kGeluAndMul) return core::gelu(a) * b;
+  if constexpr (OP == ElementwiseOp::kSiluAndMul) return core::silu(a) * b;
   if constexpr (OP == ElementwiseOp::kGatedResidual) return fmaf(b, gate, a);
 }
 

@@ -7,6 +7,8 @@ namespace ltx_kernels {
 ValidationError validate(const QuantizeParams& p) {
   if (p.rows < 0) return "rows must be >= 0";
   if (p.cols < 0) return "cols must be >= 0";
+  if (p.activation != QuantizeActivation::kNone && p.activation != QuantizeActivation::kGeluTanh)
+    return "unknown activation";
   if (p.rows == 0) return nullptr;
   if (p.scale == nullptr) return "scale is null";
   if (p.cols == 0) return nullptr;

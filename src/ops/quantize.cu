@@ -6,6 +6,7 @@
 // product unfused, so the bytes equal the CPU reference's.
 #include <cuda_fp8.h>
 
+#include "core/activation.cuh"
 #include "core/reduce.cuh"
 #include "core/vec.cuh"
 #include "ltx_kernels/quantize.h"
@@ -20,6 +21,18 @@ using core::Vec;
 constexpr int kThreads = 256;
 constexpr int kItems = 4;
 
+// The row's values in fp32: x, or the activation of x (recomputed in each pass: cheaper than
+// holding fp32 copies in registers).
+template <QuantizeActivation ACT, typename T, int N>
+__device__ __forceinline__ Floats<N> values(const Vec<T, N>& v) {
+  Floats<N> f = core::widen(v);
+  if constexpr (ACT == QuantizeActivation::kGeluTanh) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) f.v[j] = core::gelu_tanh(f.v[j]);
+  }
+  return f;
+}
+
 template <int N>
 __device__ __forceinline__ Vec<uint8_t, N> to_e4m3(const Floats<N>& f, float inv) {
   Vec<uint8_t, N> q;
@@ -30,7 +43,7 @@ __device__ __forceinline__ Vec<uint8_t, N> to_e4m3(const Floats<N>& f, float inv
   return q;
 }
 
-template <typename T, int N, int TPR>
+template <typename T, int N, int TPR, QuantizeActivation ACT>
 __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizeParams p) {
   constexpr int kRowsPerBlock = kThreads / TPR;
   __shared__ float scratch[core::kMaxWarpsPerBlock];
@@ -45,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizePa
   float amax = 0.0f;
   const core::NanMax max_op;
   const auto absmax = [&](const Vec<T, N>& v) {
-    const Floats<N> f = core::widen(v);
+    const Floats<N> f = values<ACT>(v);
 #pragma unroll
     for (int j = 0; j < N; ++j) amax = max_op(amax, fabsf(f.v[j]));
   };
@@ -64,10 +77,10 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizePa
   uint8_t* out = p.out + row * p.out_row_stride;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    if (valid(i)) core::store(out + col(i), to_e4m3(core::widen(cached[i]), inv));
+    if (valid(i)) core::store(out + col(i), to_e4m3(values<ACT>(cached[i]), inv));
   }
   for (int64_t i = kItems; valid(i); ++i) {
-    core::store(out + col(i), to_e4m3(core::widen(core::load_stream<T, N>(x + col(i))), inv));
+    core::store(out + col(i), to_e4m3(values<ACT>(core::load_stream<T, N>(x + col(i))), inv));
   }
 }
 
@@ -77,7 +90,11 @@ cudaError_t launch_tpr(const QuantizeParams& p, cudaStream_t stream) {
   const dim3 block(TPR, kRowsPerBlock);
   const int64_t blocks = host_util::ceil_div(p.rows, kRowsPerBlock);
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  quantize_fp8_kernel<T, N, TPR><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  if (p.activation == QuantizeActivation::kGeluTanh) {
+    quantize_fp8_kernel<T, N, TPR, QuantizeActivation::kGeluTanh><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  } else {
+    quantize_fp8_kernel<T, N, TPR, QuantizeActivation::kNone><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

@@ -3,16 +3,14 @@
 #include <stdexcept>
 
 #include "ltx_kernels/elementwise.h"
+#include "reference/activation.h"
 #include "reference/convert.h"
 
 namespace ltx_kernels {
 
 namespace {
 
-double gelu_tanh(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
-}
+using host::gelu_tanh;
 
 double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 

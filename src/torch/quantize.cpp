@@ -24,18 +24,27 @@ c10::SymDimVector row_shape(const at::Tensor& x) {
   return c10::SymDimVector(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_fp8_meta(const at::Tensor& x) {
+QuantizeActivation activation_of(c10::string_view activation) {
+  if (activation == "gelu_tanh") return QuantizeActivation::kGeluTanh;
+  TORCH_CHECK_VALUE(activation == "none", "quantize_fp8: activation must be 'none' or 'gelu_tanh', got '",
+                    std::string(activation), "'");
+  return QuantizeActivation::kNone;
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_meta(const at::Tensor& x, c10::string_view activation) {
   check_activation(x, "x");
+  activation_of(activation);
   return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
           at::empty_symint(row_shape(x), x.options().dtype(at::kFloat))};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x) {
-  auto [out, scale] = quantize_fp8_meta(x);
+std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string_view activation) {
+  auto [out, scale] = quantize_fp8_meta(x, activation);
   const Rows rows = as_rows(x);
   if (rows.rows == 0) return {out, scale};
   QuantizeParams p;
   p.dtype = to_dtype(x.scalar_type());
+  p.activation = activation_of(activation);
   p.rows = rows.rows;
   p.cols = rows.cols;
   p.x = rows.tensor.const_data_ptr();

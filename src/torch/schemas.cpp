@@ -45,9 +45,10 @@ LTX_KERNELS_LIBRARY(m) {
   def("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor");
   // Linear + GELU-tanh with the activation in the GEMM epilogue (linear.cpp).
   def("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor");
-  // FP8 linear path (quantize.cpp): rows to float8 e4m3 with one fp32 scale per row, and the
-  // GEMM of two such operands (weight [N, K] quantized per output channel).
-  def("quantize_fp8(Tensor x) -> (Tensor q, Tensor scale)");
+  // FP8 linear path (quantize.cpp): rows to float8 e4m3 with one fp32 scale per row (of x or
+  // of an activation of x: 'none' or 'gelu_tanh'), and the GEMM of two such operands (weight
+  // [N, K] quantized per output channel).
+  def("quantize_fp8(Tensor x, str activation='none') -> (Tensor q, Tensor scale)");
   def("fp8_linear(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
       " ScalarType out_dtype) -> Tensor");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ltx_kernels/quantize.h"
+#include "reference/activation.h"
 #include "reference/convert.h"
 
 namespace ltx_kernels {
@@ -62,6 +63,25 @@ TEST(QuantizeReference, RowScalesZeroRowsAndNan) {
   EXPECT_EQ(out[6], 0x7f);
 }
 
+TEST(QuantizeReference, GeluTanhIsAppliedBeforeTheScale) {
+  const std::vector<float> x = {1.0f, -1.0f, 2.0f};
+  std::vector<uint8_t> out(3);
+  float scale = 0.0f;
+  QuantizeParams p;
+  p.activation = QuantizeActivation::kGeluTanh;
+  p.rows = 1;
+  p.cols = 3;
+  p.x = x.data();
+  p.out = out.data();
+  p.out_row_stride = 3;
+  p.scale = &scale;
+  reference(p);
+  const float gelu2 = static_cast<float>(host::gelu_tanh(2.0));
+  EXPECT_EQ(scale, gelu2 / 448.0f);
+  EXPECT_EQ(e4m3_value(out[2]), 448.0f);
+  EXPECT_LT(e4m3_value(out[1]), 0.0f);  // gelu(-1) = -0.159
+}
+
 TEST(QuantizeValidate, RejectsBadParams) {
   QuantizeParams p;
   p.rows = 2;
@@ -72,6 +92,9 @@ TEST(QuantizeValidate, RejectsBadParams) {
   EXPECT_STREQ(validate(p), "x is null");
   p.rows = -1;
   EXPECT_STREQ(validate(p), "rows must be >= 0");
+  p.rows = 2;
+  p.activation = static_cast<QuantizeActivation>(7);
+  EXPECT_STREQ(validate(p), "unknown activation");
 }
 
 }  // namespace

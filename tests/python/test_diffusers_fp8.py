@@ -45,6 +45,7 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
     report = inject_quietly(model, precision="fp8")
     blocks = len(model.transformer_blocks)
     assert report.patched[_fp8.KIND] == LINEARS_PER_BLOCK * blocks
+    assert report.patched[_fp8.FF_KIND] == blocks
     quantized = {name for name, m in model.named_modules() if _fp8.is_quantized(m)}
     assert all(name.startswith("transformer_blocks.") for name in quantized)
     assert model.proj_in.weight.dtype == dtype and model.proj_out.weight.dtype == dtype
@@ -54,6 +55,43 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
         out = model(**{k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()})[0]
     err = rel_err(out, reference)
     assert 0 < err <= FP8_TOLERANCE, err
+
+
+def test_fp8_quantizes_each_activation_once(monkeypatch):
+    """Per block: attn1's q/k/v share one quantization, attn2's k/v one, the FF's GELU is
+    fused into the down projection's: 7 quantize_fp8 calls, not 10."""
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8")
+    calls = []  # one entry per quantization of an activation: explicit, or inside fp8_linear
+    quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
+
+    def counting_quantize(x, activation="none"):
+        calls.append(activation)
+        return quantize(x, activation)
+
+    def counting_linear(x, *args, x_scale=None, **kwargs):
+        if x_scale is None:
+            calls.append("none")
+        return linear(x, *args, x_scale=x_scale, **kwargs)
+
+    monkeypatch.setattr(_fp8.ops, "quantize_fp8", counting_quantize)
+    monkeypatch.setattr(_fp8.ops, "fp8_linear", counting_linear)
+    with torch.no_grad():
+        model(**step_kwargs(model, "interpolation_scale", per_token=False))
+    blocks = len(model.transformer_blocks)
+    assert len(calls) == 7 * blocks and calls.count("gelu_tanh") == blocks
+
+
+def test_fp8_with_a_forward_hook_on_the_ff_runs_it_unfused():
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8")
+    kw = step_kwargs(model, "interpolation_scale", per_token=False)
+    with torch.no_grad():
+        fused = model(**kw)[0]
+        seen = []
+        model.transformer_blocks[0].ff.net[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        hooked = model(**kw)[0]
+    assert seen and rel_err(hooked, fused) < 1e-2  # the unfused path rounds the GELU output once more
 
 
 def test_fp8_skip_keeps_matching_linears():

@@ -67,6 +67,34 @@ def test_quantize_special_rows(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, hidden", [(1, 1), (7, 111), (67, 2048), (3, 8192), (2, 20000)])
+def test_quantize_gelu_tanh_matches_torch(device, dtype, rows, hidden):
+    """activation='gelu_tanh': the GELU in fp32, then the same quantization. The GPU's fast
+    GELU (~1e-6 relative) may move a value across a rounding boundary: at most one e4m3 step,
+    on a tiny fraction of the elements; the CPU reference matches exactly."""
+    x = make_rows(rows, hidden, dtype, device, "row_strided") * 3.0
+    q, scale = ltx_kernels.quantize_fp8(x, activation="gelu_tanh")
+    y = torch.nn.functional.gelu(x.double(), approximate="tanh").float()
+    if device == "cpu":
+        assert_same_fp8(q, scale, y)
+        return
+    ref_q, ref_scale = torch_quantize(y)
+    torch.testing.assert_close(scale, ref_scale, rtol=1e-5, atol=0)
+    deq, ref = q.float() * scale[:, None], ref_q.float() * ref_scale[:, None]
+    step = ref.abs() * 2.0**-3 + scale[:, None] * 2.0**-9  # one e4m3 step (normal and subnormal)
+    assert ((deq - ref).abs() <= step * 1.001).all()
+    assert (q.view(torch.uint8) != ref_q.view(torch.uint8)).float().mean() < 1e-3
+
+
+def test_quantize_unknown_activation():
+    with pytest.raises(ValueError, match="quantize_fp8: activation must be 'none' or 'gelu_tanh'"):
+        ltx_kernels.quantize_fp8(torch.randn(2, 16), activation="relu")
+    with pytest.raises(ValueError, match="quantize_fp8: activation must be"):
+        ops.quantize_fp8(torch.randn(2, 16, device="meta"), "relu")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_quantize_round_trip_error_is_e4m3s(device):
     x = torch.randn(64, 512, device=device)
     q, scale = ltx_kernels.quantize_fp8(x)
