@@ -7,7 +7,8 @@ With the real model (``--model``: hub id or local path of Lightricks/LTX-Video) 
 mp4. ``--random-weights`` needs no download: a transformer of ``--config`` with random weights
 and synthetic text embeddings runs the same denoising loop (scheduler, CFG) offline and the
 latents are saved to ``--output`` with a ``.pt`` suffix (there is no VAE to decode them).
-``--use-optimized-kernels`` (default) and ``--compile`` combine. Prints per-step and total
+``--use-optimized-kernels`` (default), ``--precision fp8`` (the transformer blocks' linears in
+FP8; needs compute capability >= 8.9) and ``--compile`` combine. Prints per-step and total
 time, peak GPU memory and which kernels were patched in.
 """
 
@@ -38,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--use-optimized-kernels", action="store_true", default=True, help="ltx_kernels (default)")
     p.add_argument("--no-optimized-kernels", dest="use_optimized_kernels", action="store_false")
     p.add_argument("--compile", action="store_true", help="compile_repeated_blocks(fullgraph=True)")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
+                   help="fp8: the blocks' linears in FP8 (inject(precision='fp8'); with the kernels only)")
     p.add_argument("--random-weights", action="store_true", help="offline: random transformer, no text encoder/VAE")
     p.add_argument("--config", default="2b", choices=["tiny", "2b", "13b"], help="with --random-weights")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -62,12 +65,14 @@ def load_pipeline(args):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.precision == "fp8" and not args.use_optimized_kernels:
+        raise SystemExit("--precision fp8 runs through ltx_kernels: drop --no-optimized-kernels")
     pipe, inputs = load_pipeline(args)
     kernels = "off"
     if args.use_optimized_kernels:
         import ltx_kernels.diffusers
 
-        report = ltx_kernels.diffusers.inject(pipe)
+        report = ltx_kernels.diffusers.inject(pipe, precision=args.precision)
         print(report)
         kernels = dict(report.patched)
     if args.compile:
@@ -117,11 +122,12 @@ def main(argv=None) -> dict:
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     summary = dict(
         total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
-        peak_gib=peak, kernels=kernels, compile=args.compile, output=str(output),
+        peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, output=str(output),
     )
     print("per-step ms: " + " ".join(f"{t:.1f}" for t in steps_ms))
     print(f"total {total:.2f} s, mean step {summary['mean_step_ms']:.1f} ms, peak memory {peak:.2f} GiB, "
-          f"optimized kernels: {'on' if args.use_optimized_kernels else 'off'}, compile: {args.compile}, "
+          f"optimized kernels: {'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, "
+          f"compile: {args.compile}, "
           f"wrote {output}")
     return summary
 

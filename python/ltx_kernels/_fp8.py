@@ -26,8 +26,42 @@ KIND = "nn.Linear (fp8_linear, e4m3 weights and per-token activations)"
 FF_KIND = "FeedForward GELU-tanh (fp8 up, GELU fused into the down projection's quantize_fp8)"
 
 
+# transformers LLMs: the head (vocabulary-wide logits) stays in the model's dtype.
+DEFAULT_LLM_FP8_SKIP = ("lm_head",)
+PRECISIONS = ("bf16", "fp8")
+
+
 def is_quantized(module: nn.Module) -> bool:
     return MARKER in module.__dict__
+
+
+def check_arguments(precision: str, fp8_skip) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if isinstance(fp8_skip, str) or not all(isinstance(p, str) for p in fp8_skip):
+        raise TypeError(f"fp8_skip must be a sequence of fnmatch patterns (str), got {fp8_skip!r}")
+
+
+def check_precision(model: nn.Module, precision: str) -> None:
+    """Refuses, before anything changes, to mix precisions on one model or to run FP8 on a
+    GPU without it."""
+    name = type(model).__name__
+    if any(is_quantized(m) for m in model.modules()):
+        if precision != "fp8":
+            raise ValueError(f"{name} was patched with precision='fp8', which is one-way (its weights are "
+                             f"quantized): reload the model to patch it with precision={precision!r}")
+    elif precision == "fp8" and any(is_patched(m) for m in model.modules()):
+        raise ValueError(f"{name} is already patched with precision='bf16': call remove() first, then "
+                         "patch it with precision='fp8'")
+    if precision == "fp8":
+        check_device_supports_fp8(model)
+
+
+def check_removable(model: nn.Module) -> None:
+    """Raises, before anything changes, for a model whose weights FP8 quantized."""
+    if any(is_quantized(m) for m in model.modules()):
+        raise RuntimeError(f"{type(model).__name__} was patched with precision='fp8', which is one-way: its "
+                           "original weights were freed. Reload the model to get the stock one back.")
 
 
 def _cuda_devices(model: nn.Module) -> set[torch.device]:

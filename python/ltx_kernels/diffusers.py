@@ -103,21 +103,6 @@ def _models(pipe_or_model) -> list[nn.Module]:
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 
 
-PRECISIONS = ("bf16", "fp8")
-
-
-def _check_precision(model: nn.Module, precision: str) -> None:
-    """Refuses, before anything changes, to mix precisions on one model."""
-    name = type(model).__name__
-    if any(_fp8.is_quantized(m) for m in model.modules()):
-        if precision != "fp8":
-            raise ValueError(f"{name} was injected with precision='fp8', which is one-way (its weights are "
-                             f"quantized): reload the model to inject it with precision={precision!r}")
-    elif precision == "fp8" and any(is_patched(m) for m in model.modules()):
-        raise ValueError(f"{name} is already injected with precision='bf16': call remove() first, then "
-                         "inject(..., precision='fp8')")
-
-
 def inject(
     pipe_or_model, rope: str = "exact", precision: str = "bf16", fp8_skip=_fp8.DEFAULT_FP8_SKIP
 ) -> Report:
@@ -157,15 +142,10 @@ def inject(
 
     if rope not in ("exact", "stock"):
         raise ValueError(f"rope must be 'exact' or 'stock', got {rope!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if isinstance(fp8_skip, str) or not all(isinstance(p, str) for p in fp8_skip):
-        raise TypeError(f"fp8_skip must be a sequence of fnmatch patterns (str), got {fp8_skip!r}")
+    _fp8.check_arguments(precision, fp8_skip)
     models = _models(pipe_or_model)
     for model in models:
-        _check_precision(model, precision)
-        if precision == "fp8":
-            _fp8.check_device_supports_fp8(model)
+        _fp8.check_precision(model, precision)
     report = Report()
     for model in models:
         if precision == "fp8" and any(_fp8.is_quantized(m) for m in model.modules()):
@@ -207,9 +187,7 @@ def remove(pipe_or_model) -> int:
     and nothing is changed."""
     models = _models(pipe_or_model)
     for model in models:
-        if any(_fp8.is_quantized(m) for m in model.modules()):
-            raise RuntimeError(f"{type(model).__name__} was injected with precision='fp8', which is one-way: its "
-                               "bf16 weights were freed at inject. Reload the model to get the stock one back.")
+        _fp8.check_removable(model)
     return sum(unpatch_all(model) for model in models)
 
 

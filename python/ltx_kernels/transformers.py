@@ -33,9 +33,9 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels.layers import eps_of
-from ltx_kernels._patching import Report, patch, unpatch_all, unsupported_reason
+from ltx_kernels._patching import Report, is_patched, patch, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -116,7 +116,8 @@ def _decoder_layer_forward(
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(self._ltx_gated_activation(self.gate_proj(x), self.up_proj(x)))
+    gate, up = _fp8.linears(x, (self.gate_proj, self.up_proj))  # one FP8 quantization of x
+    return self.down_proj(self._ltx_gated_activation(gate, up))
 
 
 def _attention_forward(
@@ -132,9 +133,9 @@ def _attention_forward(
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     # [B, S, H, Dh] views of the projections: the rotary op reads them in place.
-    query = self.q_proj(hidden_states).view(hidden_shape)
-    key = self.k_proj(hidden_states).view(hidden_shape)
-    value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    query, key, value = _fp8.linears(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+    query, key = query.view(hidden_shape), key.view(hidden_shape)
+    value = value.view(hidden_shape).transpose(1, 2)
     if self._ltx_qk_norm:
         query, key = self.q_norm(query), self.k_norm(key)
     cos, sin = position_embeddings
@@ -255,26 +256,38 @@ def _patch_norms_by_class_name(model: nn.Module, model_type: str, report: Report
         report.patched["RMSNorm (rms_norm)"] += 1
 
 
-def apply(model: nn.Module) -> Report:
+def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_FP8_SKIP) -> Report:
     """Patches a transformers model (``LlamaForCausalLM``, ``Qwen3Model``, ...) in place.
 
     Returns a :class:`~ltx_kernels._patching.Report` of what was patched; what was left
     alone is in ``report.skipped`` and warned about. Applying twice patches nothing new.
+
+    ``precision="fp8"`` also runs every ``nn.Linear`` but those matching ``fp8_skip`` (fnmatch
+    on qualified names; default: the ``lm_head``) in FP8, as ``ltx_kernels.diffusers.inject``
+    does: weights quantized once per output channel (one-way: :func:`remove` then raises),
+    activations per token, q/k/v and gate/up sharing one quantization of their input. It pays
+    in prefill; decode at small batch is bound by reading the weights, which FP8 halves, and
+    by launches, which it does not change. Compute capability >= 8.9 on CUDA.
     """
     check_version()
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type is None:
         raise TypeError(f"model must be a transformers PreTrainedModel with a config, got {type(model).__name__}")
+    _fp8.check_arguments(precision, fp8_skip)
+    _fp8.check_precision(model, precision)
     report = Report()
-    if any("_ltx_kernels_patch" in m.__dict__ for m in model.modules()):
+    if any(is_patched(m) for m in model.modules()):
         report.skipped.append("already patched by ltx_kernels: nothing new patched")
     elif (problem := unsupported_reason(model)) is not None:
         report.skipped.append(f"{type(model).__name__}: {problem}")
-    elif model_type in FAMILIES:
-        _patch_family(model, model_type, report)
     else:
-        _patch_norms_by_class_name(model, model_type, report)
+        if model_type in FAMILIES:
+            _patch_family(model, model_type, report)
+        else:
+            _patch_norms_by_class_name(model, model_type, report)
+        if precision == "fp8":
+            _fp8.quantize_linears(model, tuple(fp8_skip), report)
     report.note_training(model)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.transformers.apply: {reason}", stacklevel=2)
@@ -282,7 +295,10 @@ def apply(model: nn.Module) -> Report:
 
 
 def remove(model: nn.Module) -> int:
-    """Restores every module that :func:`apply` patched; returns how many."""
+    """Restores every module that :func:`apply` patched; returns how many. A model patched with
+    ``precision="fp8"`` cannot be restored (its weights were quantized): that raises, and
+    nothing is changed."""
+    _fp8.check_removable(model)
     return unpatch_all(model)
 
 

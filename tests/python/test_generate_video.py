@@ -32,6 +32,17 @@ def test_random_weights_cpu(tmp_path, kernels):
     assert (summary["kernels"] == "off") == (kernels == "--no-optimized-kernels")
 
 
+def test_precision_fp8_cpu(tmp_path):
+    """--precision fp8 reaches inject (the tiny config's 40-wide linears stay bf16, reported)."""
+    summary = load_script().main([
+        "--random-weights", "--config", "tiny", "--device", "cpu", "--num-frames", "9", "--height", "64",
+        "--width", "96", "--steps", "2", "--precision", "fp8", "--output", str(tmp_path / "v.mp4"),
+    ])
+    assert summary["precision"] == "fp8" and len(summary["step_ms"]) == 2
+    with pytest.raises(SystemExit, match="drop --no-optimized-kernels"):
+        load_script().main(["--random-weights", "--precision", "fp8", "--no-optimized-kernels"])
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 def test_kernels_and_compile_together(tmp_path):
     summary = load_script().main([
@@ -39,3 +50,12 @@ def test_kernels_and_compile_together(tmp_path):
         "--steps", "2", "--warmup-iterations", "1", "--compile", "--output", str(tmp_path / "v.mp4"),
     ])
     assert summary["compile"] and summary["kernels"] != "off"
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.get_device_capability() < (8, 9), reason="needs an FP8 GPU")
+def test_fp8_and_compile_together(tmp_path):
+    summary = load_script().main([
+        "--random-weights", "--config", "tiny", "--num-frames", "9", "--height", "64", "--width", "96",
+        "--steps", "2", "--precision", "fp8", "--compile", "--output", str(tmp_path / "v.mp4"),
+    ])
+    assert summary["compile"] and summary["precision"] == "fp8"

@@ -8,7 +8,7 @@ as shared/ANCHORS.md measures. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
 (``ltx_kernels.diffusers.inject``), ours + torch.compile, and ours captured in one CUDA graph;
 then, each on a fresh copy of the same random weights (quantizing is one-way): ours in FP8
-(``inject(precision="fp8")``), with and without torch.compile, and the anchor torchao FP8
+(``inject(precision="fp8")``), alone, with torch.compile and in a CUDA graph, and the anchor torchao FP8
 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``) + torch.compile, skipped
 with a message when torchao is not installed.
 Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
@@ -29,9 +29,9 @@ import torch
 from ltx_kernels.bench import harness, ltx_models
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
-         "torchao-fp8+compile"]
+         "ours-fp8+cudagraph", "torchao-fp8+compile"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
-QUANTIZED = ("ours-fp8", "ours-fp8+compile", "torchao-fp8+compile")
+QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -101,7 +101,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         embeds = ltx_models.prompt_embeds(model, batch=1)
         pipe = ltx_models.random_pipeline(model)
         pipe.set_progress_bar_config(disable=True)
-        _set_mode(model, "ours" if mode == "ours+cudagraph" else mode)
+        _set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
         with torch.no_grad():
             t0 = time.perf_counter()
@@ -109,7 +109,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
             torch.cuda.synchronize()
             row["first_call_s"] = time.perf_counter() - t0
             step = (lambda: model(**kw)[0])
-            if mode == "ours+cudagraph":
+            if mode.endswith("+cudagraph"):
                 step = _cuda_graph_step(step)
             for _ in range(3):
                 out = step()
@@ -120,7 +120,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
             row["step_ms"] = harness.time_ms(step, reps)
             row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
             row["kernels_ms"] = harness.kernel_split_ms(step)
-            if loop_steps and mode != "ours+cudagraph":
+            if loop_steps and not mode.endswith("+cudagraph"):
                 g = torch.Generator(device="cuda")
 
                 def loop():
@@ -158,7 +158,8 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
     for frames in sorted({r["frames"] for r in rows}):
         by = {r["mode"]: r["step_ms"] for r in rows if r["frames"] == frames}
         pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
-                 ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile")]
+                 ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
+                 ("ours-fp8+cudagraph", "torchao-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
 
@@ -177,7 +178,7 @@ def plot(json_path: str, png_path: str) -> None:
     for ax, f in zip(axes[0], frames):
         by = {r["mode"]: r for r in rows if r["frames"] == f}
         xs = [m for m in modes if m in by]
-        colors = ["#999", "#666", "#4a8", "#287", "#165", "#48c", "#26a", "#c84"]
+        colors = ["#999", "#666", "#4a8", "#287", "#165", "#48c", "#26a", "#148", "#c84"]
         ax.bar(xs, [by[m]["step_ms"] for m in xs], color=[colors[MODES.index(m)] for m in xs])
         for i, m in enumerate(xs):
             ax.text(i, by[m]["step_ms"], f"{by[m]['step_ms']:.1f}", ha="center", va="bottom", fontsize=8)
