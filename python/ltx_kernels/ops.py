@@ -173,6 +173,35 @@ def fp8_linear(
     return _ops.fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype)
 
 
+# Attention.
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
+    precision: str = "bf16",
+) -> torch.Tensor:
+    """Non-causal ``softmax(q k^T * scale + mask) v`` in SDPA's layout: ``q`` ``[B, Hq, Sq, D]``,
+    ``k`` and ``v`` ``[B, Hkv, Sk, D]`` (``Hq`` a multiple of ``Hkv``), strided views fine (last
+    dim contiguous). ``scale`` defaults to ``1 / sqrt(D)``; ``attn_mask`` as SDPA's: bool
+    (True = attend) or floating (added), broadcast to ``[B, Hq, Sq, Sk]``. A query whose keys
+    are all masked gets zeros. ``precision="8bit"``: SageAttention's method, q and k in INT8
+    with one scale per 64-token block and head, k first smoothed by its mean over the keys
+    (softmax is invariant to it); the definition is in ``include/ltx_kernels/attention.h``.
+
+    The CPU implementation is that definition (the reference); the Hopper kernel is not written
+    yet, so CUDA tensors raise ``NotImplementedError``."""
+    if precision not in ("bf16", "8bit"):
+        raise ValueError(f"attention: precision must be 'bf16' or '8bit', got {precision!r}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"attention: scale must be a float or None, got {type(scale).__name__}")
+    return _ops.attention(q, k, v, attn_mask, scale, precision)
+
+
 # Activations. Math is fp32 (accurate tanh / erf / exp), rounded once.
 
 

@@ -51,6 +51,10 @@ LTX_KERNELS_LIBRARY(m) {
   def("quantize_fp8(Tensor x, str activation='none') -> (Tensor q, Tensor scale)");
   def("fp8_linear(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
       " ScalarType out_dtype) -> Tensor");
+  // Attention (attention.cpp): SDPA's [B, H, S, D] layout and mask semantics, non-causal;
+  // precision 'bf16' (exact) or '8bit' (INT8 q and smoothed k, per-block scales).
+  def("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None,"
+      " str precision='bf16') -> Tensor");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
   def("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"

@@ -27,7 +27,7 @@ def arguments(op: torch._ops.OpOverload, device: str, grad_index: int) -> tuple[
     """Arguments of the schema's types (values need not be valid for the kernel: the grad
     check comes first); the `grad_index`-th tensor requires grad."""
     placeholders = {
-        "float": 1e-6, "int": 1, "bool": False, "str": "tanh", "Optional[List[int]]": None,
+        "float": 1e-6, "Optional[float]": None, "int": 1, "bool": False, "str": "tanh", "Optional[List[int]]": None,
         "List[int]": [1, 1, 1], "List[float]": [1.0, 1.0, 1.0],
     }
     args, kwargs, tensor_index = [], {}, 0

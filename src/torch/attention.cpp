@@ -1,0 +1,120 @@
+// torch binding of attention (include/ltx_kernels/attention.h): SDPA's layout and mask
+// semantics, non-causal, precision 'bf16' (exact) or '8bit' (INT8 q and k with K smoothing).
+//
+// The CPU implementation is the C++ reference: the definition of the 8-bit method that the
+// GPU kernel will be held to. The Hopper kernel is not written yet, so CUDA tensors raise.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ltx_kernels/attention.h"
+#include "torch/common.h"
+#include "torch/registration.h"
+
+namespace ltx_kernels::torch_ext {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+AttentionPrecision precision_of(c10::string_view precision) {
+  if (precision == "8bit") return AttentionPrecision::kInt8QK;
+  TORCH_CHECK_VALUE(precision == "bf16", "attention: precision must be 'bf16' or '8bit', got '",
+                    std::string(precision), "'");
+  return AttentionPrecision::kExact;
+}
+
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    check_activation(*t, name);
+    TORCH_CHECK_VALUE(t->dim() == 4, "attention: ", name, " must be [B, H, S, D] (SDPA's layout), got ",
+                      dims_str(t->sym_sizes()));
+  }
+  check_like(v, "v", k, "k");
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type(), "attention: k must have q's dtype (",
+                   q.scalar_type(), "), got ", k.scalar_type());
+  TORCH_CHECK_VALUE(q.device() == k.device(), "attention: k must be on q's device (", device_str(q.device()),
+                    "), got ", device_str(k.device()));
+  TORCH_CHECK_VALUE(k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3),
+                    "attention: k and v must have q's batch and head_dim: q ", dims_str(q.sym_sizes()), ", k ",
+                    dims_str(k.sym_sizes()));
+  TORCH_CHECK_VALUE(q.sym_size(1) % k.sym_size(1) == 0, "attention: q's heads must be a multiple of k's "
+                    "(grouped-query attention): q ", dims_str(q.sym_sizes()), ", k ", dims_str(k.sym_sizes()));
+}
+
+// The mask as fp32 additive [B, Hq, Sq, Sk] (broadcast by strides of 0), last dim contiguous.
+at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
+                   "attention: attn_mask must be bool (True = attend) or floating (added to the scores), got ",
+                   mask.scalar_type());
+  TORCH_CHECK_VALUE(mask.device() == q.device(), "attention: attn_mask must be on q's device (",
+                    device_str(q.device()), "), got ", device_str(mask.device()));
+  const std::vector<int64_t> full = {q.size(0), q.size(1), q.size(2), k.size(2)};
+  TORCH_CHECK_VALUE(mask.dim() <= 4 && at::is_expandable_to(mask.sizes(), full),
+                    "attention: attn_mask must broadcast to [B, Hq, Sq, Sk] = ", dims_str(c10::fromIntArrayRefSlow(full)),
+                    ", got ", dims_str(mask.sym_sizes()));
+  at::Tensor additive = mask.scalar_type() == at::kBool
+                            ? at::where(mask, 0.0f, -std::numeric_limits<float>::infinity()).to(at::kFloat)
+                            : mask.to(at::kFloat);
+  additive = additive.expand(full);
+  return additive.size(-1) > 1 && additive.stride(-1) != 1 ? additive.contiguous() : additive;
+}
+
+Strides4 strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
+                          std::optional<double> scale, c10::string_view precision) {
+  check_qkv(q, k, v);
+  precision_of(precision);
+  return at::empty_symint(q.sym_sizes(), q.options());
+}
+
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
+                         std::optional<double> scale, c10::string_view precision) {
+  at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
+  const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
+  AttentionParams p;
+  p.dtype = to_dtype(q.scalar_type());
+  p.precision = precision_of(precision);
+  p.batch = q.size(0);
+  p.heads_q = q.size(1);
+  p.heads_kv = k.size(1);
+  p.seq_q = q.size(2);
+  p.seq_k = k.size(2);
+  p.head_dim = q.size(3);
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
+  p.q = q.const_data_ptr();
+  p.q_strides = strides_of(q);
+  p.k = k.const_data_ptr();
+  p.k_strides = strides_of(k);
+  p.v = v.const_data_ptr();
+  p.v_strides = strides_of(v);
+  if (mask.defined()) {
+    p.mask = mask.const_data_ptr<float>();
+    p.mask_strides = strides_of(mask);
+  }
+  p.out = out.mutable_data_ptr();
+  p.out_strides = strides_of(out);
+  reference(p);
+  return out;
+}
+
+#ifdef LTX_KERNELS_WITH_CUDA
+at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
+                          std::optional<double> scale, c10::string_view precision) {
+  attention_meta(q, k, v, attn_mask, scale, precision);
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "attention: the Hopper kernel is not written yet; the CPU "
+                              "implementation defines the method. On the GPU use "
+                              "torch.nn.functional.scaled_dot_product_attention meanwhile.");
+}
+#endif
+
+}  // namespace
+
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { m.impl("attention", &attention_cpu); }
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) { m.impl("attention", &attention_meta); }
+#ifdef LTX_KERNELS_WITH_CUDA
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { m.impl("attention", &attention_cuda); }
+#endif
+
+}  // namespace ltx_kernels::torch_ext

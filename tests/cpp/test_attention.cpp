@@ -1,0 +1,80 @@
+// Host-side tests of the attention reference: known values and validation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ltx_kernels/attention.h"
+
+namespace ltx_kernels {
+namespace {
+
+// One batch, one head, contiguous [S, D] q, k, v and out.
+AttentionParams params(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                       std::vector<float>& out, int64_t dim) {
+  AttentionParams p;
+  p.batch = p.heads_q = p.heads_kv = 1;
+  p.head_dim = dim;
+  p.seq_q = static_cast<int64_t>(q.size()) / dim;
+  p.seq_k = static_cast<int64_t>(k.size()) / dim;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.out = out.data();
+  p.q_strides = {p.seq_q * dim, p.seq_q * dim, dim};
+  p.k_strides = p.v_strides = {p.seq_k * dim, p.seq_k * dim, dim};
+  p.out_strides = p.q_strides;
+  return p;
+}
+
+TEST(AttentionReference, KnownValuesAndMasks) {
+  // Two keys with scores 0 and log(3) (scale 1): weights 1/4 and 3/4.
+  const std::vector<float> q = {1.0f, 0.0f}, k = {0.0f, 0.0f, std::log(3.0f), 0.0f};
+  const std::vector<float> v = {4.0f, 8.0f, 0.0f, 4.0f};
+  std::vector<float> out(2);
+  AttentionParams p = params(q, k, v, out, 2);
+  reference(p);
+  EXPECT_NEAR(out[0], 1.0f, 1e-6);
+  EXPECT_NEAR(out[1], 5.0f, 1e-6);
+  // Masking the second key leaves the first's value; masking both gives zeros, not NaN.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> mask = {0.0f, -inf};
+  p.mask = mask.data();
+  p.mask_strides = {2, 2, 2};
+  reference(p);
+  EXPECT_EQ(out[0], 4.0f);
+  mask[0] = -inf;
+  reference(p);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+}
+
+TEST(AttentionReference, Int8KeySmoothingKeepsAConstantKeyOffsetExact) {
+  // Keys that differ only by a shared offset give uniform weights with or without 8 bits:
+  // smoothing removes the offset before quantization.
+  const std::vector<float> q = {0.5f, -1.0f}, k = {100.0f, 100.0f, 100.0f, 100.0f};
+  const std::vector<float> v = {1.0f, 2.0f, 3.0f, 4.0f};
+  std::vector<float> out(2);
+  AttentionParams p = params(q, k, v, out, 2);
+  p.precision = AttentionPrecision::kInt8QK;
+  reference(p);
+  EXPECT_NEAR(out[0], 2.0f, 1e-6);
+  EXPECT_NEAR(out[1], 3.0f, 1e-6);
+}
+
+TEST(AttentionValidate, RejectsBadParams) {
+  AttentionParams p;
+  p.batch = p.seq_q = p.seq_k = 1;
+  p.heads_q = 3;
+  p.heads_kv = 2;
+  p.head_dim = 4;
+  EXPECT_STREQ(validate(p), "heads_q must be a multiple of heads_kv");
+  p.heads_q = 2;
+  EXPECT_STREQ(validate(p), "q and out must not be null");
+  p.precision = static_cast<AttentionPrecision>(5);
+  EXPECT_STREQ(validate(p), "unknown precision");
+}
+
+}  // namespace
+}  // namespace ltx_kernels

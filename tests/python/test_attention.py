@@ -1,0 +1,180 @@
+"""attention: the exact path against SDPA in fp64, the 8-bit method against an independent
+plain-torch statement of its definition (include/ltx_kernels/attention.h), its error on randn
+and outlier inputs, masks, GQA, strided inputs, Meta shapes and bad input. CPU only until the
+Hopper kernel exists (CUDA raises, tested)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ltx_kernels
+from conftest import DTYPES, HAS_CUDA, assert_close, rel_err
+
+ops = torch.ops.ltx_kernels
+BLOCK = 64
+# The 8-bit method's error against exact attention (issue targets, the repository's bar).
+ERROR_RANDN, ERROR_OUTLIER = 4e-2, 1.5e-2
+
+# (B, Hq, Hkv, Sq, Sk, D)
+SHAPES = [(1, 1, 1, 1, 1, 64), (2, 4, 4, 7, 7, 64), (1, 2, 1, 129, 65, 128), (2, 2, 2, 33, 31, 8),
+          (1, 4, 2, 70, 200, 64)]
+
+
+def sdpa64(q, k, v, mask=None, scale=None):
+    """SDPA in fp64 with GQA, rows whose keys are all masked set to 0 (SDPA gives NaN)."""
+    if mask is not None and mask.is_floating_point():
+        mask = mask.double()  # SDPA misreads an fp32 mask beside fp64 q/k/v (torch 2.11)
+    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.nan_to_num(0.0)
+
+
+def int8_blocks(x: torch.Tensor):
+    """[B, H, S, D] fp32 -> (integer values as fp64, per-row scale [B, H, S]) in blocks of 64 rows."""
+    b, h, s, d = x.shape
+    pad = (-s) % BLOCK
+    blocks = F.pad(x, (0, 0, 0, pad)).view(b, h, -1, BLOCK, d)
+    amax = blocks.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=1e-12)
+    inv = amax.new_tensor(127.0) / amax
+    values = torch.round(blocks * inv).clamp(-127, 127)  # torch.round is half to even
+    scale = (amax / amax.new_tensor(127.0)).expand(b, h, -1, BLOCK, 1)
+    return values.view(b, h, -1, d)[:, :, :s].double(), scale.reshape(b, h, -1)[:, :, :s]
+
+
+def int8_attention(q, k, v, mask=None, scale=None):
+    """The 8-bit method in plain torch: k smoothed by its fp32-rounded mean over the keys, q and
+    k quantized per 64-token block, integer scores scaled in fp32, softmax and P v in fp64."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    kf = k.float()
+    kf = kf - kf.double().mean(dim=2, keepdim=True).float()
+    q8, qs = int8_blocks(q.float())
+    k8, ks = int8_blocks(kf)
+    group = q.shape[1] // k.shape[1]
+    k8, ks, v = k8.repeat_interleave(group, 1), ks.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = (q8 @ k8.transpose(-1, -2)).float() * qs[..., None] * ks[..., None, :] * scale
+    scores = scores.double()
+    if mask is not None:
+        scores = scores + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.double())
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v.double()
+
+
+def qkv(shape, dtype, seed=0, layout="contiguous"):
+    b, hq, hkv, sq, sk, d = shape
+    g = torch.Generator().manual_seed(seed)
+    if layout == "fused":  # views of one [B, S, 3, H, D] projection, as a fused QKV linear gives
+        assert hq == hkv and sq == sk
+        x = torch.randn(b, sq, 3, hq, d, generator=g).to(dtype)
+        return tuple(x[:, :, i].transpose(1, 2) for i in range(3))
+    return (torch.randn(b, hq, sq, d, generator=g).to(dtype), torch.randn(b, hkv, sk, d, generator=g).to(dtype),
+            torch.randn(b, hkv, sk, d, generator=g).to(dtype))
+
+
+def outlier_qkv(b, h, s, d, seed=0):
+    """The issue's outlier inputs: K with per-channel offsets of ~4 sigma, a few hot channels."""
+    g = torch.Generator().manual_seed(seed)
+    hot = torch.ones(d)
+    hot[: max(d // 32, 1)] = 8.0
+    c_k, c_v = torch.randn(1, h, 1, d, generator=g), torch.randn(1, h, 1, d, generator=g)
+    q = hot * torch.randn(b, h, s, d, generator=g)
+    k = 0.5 * hot * (torch.randn(b, h, s, d, generator=g) + 4 * c_k)
+    v = torch.randn(b, h, s, d, generator=g) + 2 * c_v
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_exact_matches_sdpa(dtype, shape):
+    q, k, v = qkv(shape, dtype)
+    out = ltx_kernels.attention(q, k, v)
+    assert out.dtype == dtype and out.shape == q.shape and out.is_contiguous()
+    assert_close(out, sdpa64(q, k, v), dtype)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+def test_strided_views_of_a_fused_projection(precision):
+    q, k, v = qkv((2, 3, 3, 40, 40, 64), torch.bfloat16, layout="fused")
+    assert not q.is_contiguous()
+    out = ltx_kernels.attention(q, k, v, precision=precision)
+    same = ltx_kernels.attention(q.contiguous(), k.contiguous(), v.contiguous(), precision=precision)
+    assert torch.equal(out, same)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+def test_masks_and_fully_masked_rows(precision):
+    q, k, v = qkv((2, 2, 2, 9, 13, 64), torch.float32)
+    padding = torch.ones(2, 1, 1, 13, dtype=torch.bool)
+    padding[1, ..., 5:] = False  # cross-attention key padding
+    additive = torch.randn(9, 13)
+    rows = torch.ones(2, 2, 9, 13, dtype=torch.bool)
+    rows[0, 1, 3] = False  # one query row with every key masked
+    reference = sdpa64 if precision == "bf16" else int8_attention
+    for mask in (padding, additive, rows):
+        out = ltx_kernels.attention(q, k, v, attn_mask=mask, precision=precision)
+        assert_close(out, reference(q, k, v, mask), torch.float32)
+    out = ltx_kernels.attention(q, k, v, attn_mask=rows, precision=precision)
+    assert (out[0, 1, 3] == 0).all() and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_8bit_matches_its_definition(shape, scale):
+    q, k, v = qkv(shape, torch.float32, seed=1)
+    out = ltx_kernels.attention(q, k, v, scale=scale, precision="8bit")
+    assert_close(out, int8_attention(q, k, v, scale=scale), torch.float32)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_8bit_error_within_the_targets(d):
+    """Against exact attention: randn, and the outlier inputs where naive 8-bit fails (the K
+    channel offsets are what the smoothing removes)."""
+    q, k, v = qkv((1, 2, 2, 300, 300, d), torch.float32, seed=2)
+    err = rel_err(ltx_kernels.attention(q, k, v, precision="8bit"), sdpa64(q, k, v))
+    assert 1e-4 < err <= ERROR_RANDN, err
+    q, k, v = outlier_qkv(1, 2, 300, d)
+    err = rel_err(ltx_kernels.attention(q, k, v, precision="8bit"), sdpa64(q, k, v))
+    assert 1e-4 < err <= ERROR_OUTLIER, err
+
+
+def test_8bit_bf16_inputs():
+    q, k, v = qkv((1, 2, 2, 100, 100, 64), torch.bfloat16, seed=3)
+    out = ltx_kernels.attention(q, k, v, precision="8bit")
+    assert out.dtype == torch.bfloat16
+    assert_close(out, int8_attention(q, k, v), torch.bfloat16)
+
+
+def test_meta_shapes_and_empty():
+    q = torch.empty(2, 4, 7, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 5, 64, device="meta", dtype=torch.bfloat16)
+    out = ops.attention(q, k, k, None, None, "8bit")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    empty = ltx_kernels.attention(torch.randn(2, 1, 0, 8), torch.randn(2, 1, 3, 8), torch.randn(2, 1, 3, 8))
+    assert empty.shape == (2, 1, 0, 8)
+
+
+def test_bad_input_names_the_argument():
+    q, k, v = qkv((1, 2, 2, 5, 5, 16), torch.float32)
+    with pytest.raises(ValueError, match="attention: precision must be 'bf16' or '8bit'"):
+        ltx_kernels.attention(q, k, v, precision="int4")
+    with pytest.raises(ValueError, match="q must be \\[B, H, S, D\\]"):
+        ltx_kernels.attention(q[0], k, v)
+    with pytest.raises(ValueError, match="q's heads must be a multiple of k's"):
+        ltx_kernels.attention(q, torch.randn(1, 3, 5, 16), torch.randn(1, 3, 5, 16))
+    with pytest.raises(ValueError, match="v must have the shape of k"):
+        ltx_kernels.attention(q, k, v[:, :, :4])
+    with pytest.raises(TypeError, match="k must have q's dtype"):
+        ltx_kernels.attention(q, k.half(), v.half())
+    with pytest.raises(ValueError, match="attn_mask must broadcast"):
+        ltx_kernels.attention(q, k, v, attn_mask=torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be bool"):
+        ltx_kernels.attention(q, k, v, attn_mask=torch.ones(5, 5, dtype=torch.int32))
+    with pytest.raises(TypeError, match="attention: scale must be a float"):
+        ltx_kernels.attention(q, k, v, scale="0.1")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+def test_cuda_says_the_kernel_is_not_written_yet():
+    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="Hopper kernel is not written yet"):
+        ltx_kernels.attention(q, q, q)
