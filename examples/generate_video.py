@@ -6,7 +6,9 @@
 With the real model (``--model``: hub id or local path of Lightricks/LTX-Video) it writes an
 mp4. ``--random-weights`` needs no download: a transformer of ``--config`` with random weights
 and synthetic text embeddings runs the same denoising loop (scheduler, CFG) offline and the
-latents are saved to ``--output`` with a ``.pt`` suffix (there is no VAE to decode them).
+latents are saved to ``--output`` with a ``.pt`` suffix (there is no VAE to decode them), with a
+``.png`` preview of the first latent frame. Without a CUDA GPU it says so and runs the tiny
+config (a full-size one only with ``--allow-cpu``).
 ``--use-optimized-kernels`` (default), ``--precision fp8`` (the transformer blocks' linears in
 FP8; needs compute capability >= 8.9) and ``--compile`` combine. Prints per-step and total
 time, peak GPU memory and which kernels were patched in.
@@ -42,10 +44,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
                    help="fp8: the blocks' linears in FP8 (inject(precision='fp8'); with the kernels only)")
     p.add_argument("--random-weights", action="store_true", help="offline: random transformer, no text encoder/VAE")
-    p.add_argument("--config", default="2b", choices=["tiny", "2b", "13b"], help="with --random-weights")
+    p.add_argument("--config", choices=["tiny", "2b", "13b"],
+                   help="with --random-weights (default: 2b on a GPU, tiny on the CPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--allow-cpu", action="store_true", help="run a full-size model on the CPU (about a minute per step)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    return check_device(args)
+
+
+def check_device(args: argparse.Namespace) -> argparse.Namespace:
+    """Without a GPU the tiny config runs (said in one line); a full-size model on the CPU only
+    when asked for explicitly with --allow-cpu."""
+    if args.device.startswith("cuda"):
+        args.config = args.config or "2b"
+        return args
+    full_size = (args.random_weights and args.config in ("2b", "13b")) or not args.random_weights
+    if full_size and not args.allow_cpu:
+        what = f"the {args.config} config" if args.random_weights else args.model
+        raise SystemExit(f"no CUDA GPU: {what} on the CPU takes about a minute per step ({args.steps} steps). "
+                         "Pass --allow-cpu to run it anyway, or drop --config for the tiny one.")
+    if args.config is None:
+        args.config = "tiny"
+        print("no CUDA GPU found: running the tiny random-weights config on the CPU "
+              "(the full-size model needs a GPU, or --config 2b --allow-cpu)")
+    return args
 
 
 def load_pipeline(args):
@@ -109,9 +132,11 @@ def main(argv=None) -> dict:
     steps_ms = [1e3 * (b - a) for a, b in zip([start] + step_ends[:-1], step_ends)]
 
     output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     if args.random_weights:
         output = output.with_suffix(".pt")
         torch.save(frames.cpu(), output)
+        preview = save_preview(frames, args, output.with_suffix(".png"))
     else:
         from diffusers.utils import export_to_video
 
@@ -119,17 +144,41 @@ def main(argv=None) -> dict:
             path = output if len(frames) == 1 else output.with_stem(f"{output.stem}_{i}")
             export_to_video(video, str(path), fps=args.fps)
 
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    if cuda:
+        peak, peak_what = torch.cuda.max_memory_allocated() / 2**30, "GPU"
+    else:  # the process's peak resident memory (ru_maxrss is in KiB on Linux)
+        import resource
+
+        peak, peak_what = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
     summary = dict(
         total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
         peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, output=str(output),
+        device=args.device, config=args.config if args.random_weights else args.model,
     )
     print("per-step ms: " + " ".join(f"{t:.1f}" for t in steps_ms))
-    print(f"total {total:.2f} s, mean step {summary['mean_step_ms']:.1f} ms, peak memory {peak:.2f} GiB, "
-          f"optimized kernels: {'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, "
-          f"compile: {args.compile}, "
-          f"wrote {output}")
+    print(f"device {args.device}, {summary['config']}, {len(steps_ms)} steps: total {total:.2f} s, mean step "
+          f"{summary['mean_step_ms']:.1f} ms, peak memory {peak:.2f} GiB ({peak_what}), optimized kernels: "
+          f"{'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, compile: {args.compile}; "
+          f"wrote {output}" + (f" (latents) and {preview} (their first frame, channels 0-2 as RGB)"
+                               if args.random_weights else ""))
     return summary
+
+
+def save_preview(latents: torch.Tensor, args: argparse.Namespace, path: Path) -> Path:
+    """The first video's first latent frame as an image: channels 0-2 as RGB, each stretched
+    to its own range, scaled up 8x (random weights give no decodable video: no VAE)."""
+    from PIL import Image
+
+    from ltx_kernels.bench import ltx_models
+
+    _, h, w = ltx_models.latent_grid(args.num_frames, args.height, args.width)
+    frame = latents[0, : h * w, :3].float().cpu().reshape(h, w, -1)
+    lo, hi = frame.amin(dim=(0, 1)), frame.amax(dim=(0, 1))
+    rgb = ((frame - lo) / (hi - lo).clamp(min=1e-12) * 255).round().to(torch.uint8)
+    if rgb.shape[-1] < 3:  # fewer than 3 latent channels: grey
+        rgb = rgb[..., :1].expand(h, w, 3)
+    Image.fromarray(rgb.numpy()).resize((w * 8, h * 8), Image.NEAREST).save(path)
+    return path
 
 
 if __name__ == "__main__":

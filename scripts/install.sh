@@ -11,9 +11,9 @@ venv=${LTX_KERNELS_VENV:-.venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-if ! "$py" -c "import torch" 2>/dev/null; then
-  "$py" -m pip install -q "${TORCH_SPEC:-torch==2.11.0}"
-fi
+# Always asked for, so an environment with another torch is brought to the pinned one (a
+# no-op when it is already there).
+"$py" -m pip install -q "${TORCH_SPEC:-torch==2.11.0}"
 # diffusers: tests compare the DiT ops and the integration with its own LTX-Video code;
 # accelerate: the CPU-offload hooks the integration must work under; transformers: the LLM
 # integration and diffusers' pipelines; kernels: the HF Kernels Hub route. transformers only

@@ -27,9 +27,28 @@ def test_random_weights_cpu(tmp_path, kernels):
         "--width", "96", "--steps", "3", "--output", str(out), kernels,
     ])
     assert len(summary["step_ms"]) == 3
+    assert summary["peak_gib"] > 0  # the process's RSS on the CPU, never NaN
+    assert (tmp_path / "video.png").stat().st_size > 0
     latents = torch.load(tmp_path / "video.pt")
     assert latents.shape == (1, 2 * 2 * 3, 8) and torch.isfinite(latents).all()
     assert (summary["kernels"] == "off") == (kernels == "--no-optimized-kernels")
+
+
+def test_cpu_runs_the_tiny_config_and_says_so(tmp_path, capsys):
+    summary = load_script().main([
+        "--random-weights", "--device", "cpu", "--num-frames", "9", "--height", "64", "--width", "96",
+        "--steps", "2", "--output", str(tmp_path / "v.mp4"),
+    ])
+    out = capsys.readouterr().out
+    assert summary["config"] == "tiny" and "no CUDA GPU found: running the tiny" in out
+    assert "device cpu, tiny, 2 steps" in out and "process RSS" in out
+
+
+def test_full_size_on_the_cpu_needs_allow_cpu():
+    with pytest.raises(SystemExit, match="Pass --allow-cpu"):
+        load_script().main(["--random-weights", "--device", "cpu", "--config", "2b"])
+    with pytest.raises(SystemExit, match="Pass --allow-cpu"):
+        load_script().main(["--device", "cpu"])  # the real model
 
 
 def test_precision_fp8_cpu(tmp_path):
