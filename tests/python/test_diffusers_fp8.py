@@ -118,14 +118,14 @@ def test_fp8_is_one_way_and_precisions_do_not_mix():
         lkd.inject(model, precision="fp8", fp8_skip="proj_in")
     assert not any(is_patched(m) for m in model.modules())  # nothing changed
     inject_quietly(model)
-    with pytest.raises(ValueError, match="already injected with precision='bf16'"):
+    with pytest.raises(ValueError, match="already patched with precision='bf16'"):
         lkd.inject(model, precision="fp8")
     lkd.remove(model)
     inject_quietly(model, precision="fp8")
     weights = {name: p.clone() for name, p in model.named_parameters()}
     with pytest.raises(RuntimeError, match="one-way"):
         lkd.remove(model)
-    with pytest.raises(ValueError, match="was injected with precision='fp8'"):
+    with pytest.raises(ValueError, match="was patched with precision='fp8'"):
         lkd.inject(model)
     again = inject_quietly(model, precision="fp8")
     assert sum(again.patched.values()) == 0

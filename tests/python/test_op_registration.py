@@ -109,3 +109,16 @@ def test_bad_input_under_compile_names_the_argument():
     compiled = torch.compile(lambda x, w: ltx_kernels.rms_norm(x, w), fullgraph=True)
     with pytest.raises(Exception, match="weight must have shape"):
         compiled(torch.randn(4, 64), torch.randn(32))
+
+
+def test_checker_catches_one_corrupted_element():
+    """The tolerance check fails on a single wrong element in the last row's tail, which the
+    relative L2 error of a large bf16 output alone would pass."""
+    x = torch.randn(67, 16384, dtype=torch.bfloat16)
+    w = torch.randn(16384, dtype=torch.bfloat16)
+    out = ltx_kernels.rms_norm(x, w, 1e-6)
+    ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)) * w.double()
+    assert_close(out, ref, torch.bfloat16)
+    out[-1, -1] = -out[-1, -1] + 3.0
+    with pytest.raises(AssertionError, match=r"element \[66, 16383\]"):
+        assert_close(out, ref, torch.bfloat16)
