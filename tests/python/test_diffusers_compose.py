@@ -1,14 +1,16 @@
 """ltx_kernels.diffusers.inject composed with the features diffusers users turn on, in
 either order: the cache methods, layerwise casting, group offloading, other hooks on the
-submodules whose weights the fused kernels read, attention processors and backends.
+submodules whose weights the fused kernels read, attention processors and backends (also
+the ``attention_backend(...)`` context manager), peft LoRA adapters and what users do with
+them.
 
-Each case runs a tiny fp32 LTX transformer through 6 denoising calls (falling timesteps,
+Each hook case runs a tiny fp32 LTX transformer through 6 denoising calls (falling timesteps,
 each in a ``cache_context`` with its step, as the pipelines do) with the feature on, patched
 against stock with the same feature. Patched runs use ``rope="stock"`` (diffusers' own RoPE
 tables), so they agree with stock to fp32 rounding (~2e-7 relative per call) and a dropped
 feature (a cache that no longer skips, weights read without their casting hook) shows as a
 difference of 1e-2 or more. After ``remove()`` the model must reproduce stock-with-feature
-bit for bit.
+bit for bit. LoRA and backend cases compare single calls the same way.
 """
 
 import copy
@@ -198,6 +200,29 @@ def test_diffusers_and_accelerate_hooks_nested(order):
     assert all(torch.equal(o, e) for o, e in zip(denoise(model, kw), expected))
 
 
+@pytest.mark.parametrize("order", ["cache_inject_disable", "inject_cache_disable"])
+@torch.no_grad()
+def test_disable_cache_after_inject(order):
+    """Removing a hook relinks the chain around our forward: the cache is gone, our forward
+    stays, remove() still finds it."""
+    base = tiny_model("cpu", affine=True)
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    expected = denoise(base, kw)
+    model = copy.deepcopy(base)
+    for step in order.split("_"):
+        if step == "cache":
+            FEATURES["first_block_cache"](model)
+        elif step == "inject":
+            lkd.inject(model, rope="stock")
+        else:
+            model.disable_cache()
+    outputs = denoise(model, kw)
+    assert max_rel_err(outputs, expected) < TOLERANCE and not torch.equal(outputs[0], expected[0])
+    assert lkd.remove(model) == PATCHED
+    assert not any("forward" in m.__dict__ for m in model.modules())  # stock, no wrapper left
+    assert all(torch.equal(o, e) for o, e in zip(denoise(model, kw), expected))
+
+
 @pytest.mark.parametrize("where", ["set_attn_processor", "one_block"])
 @torch.no_grad()
 def test_stock_processor_set_after_inject(where):
@@ -251,3 +276,183 @@ def test_rope_argument(positions):
     assert 1e-6 < rel_err(exact(**kw)[0], expected) < 2e-3
     with pytest.raises(ValueError, match="rope"):
         lkd.inject(copy.deepcopy(stock), rope="fast")
+
+
+# --- peft LoRA -----------------------------------------------------------------------------
+# LTX's block linears: attention q/k/v/out (attn1 and attn2) and the FF up/down projections.
+LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
+FF_UP = "ff.net.0.proj"  # the projection that linear_gelu_tanh computes with its GELU
+
+
+def add_lora(model):
+    """Two adapters with non-zero weights, drawn from their own generator (the same in any
+    order of adding them and inject): "all" on every block linear, "ff" on the FF
+    projections with a large delta (alpha / r = 16), so a FF up projection computed without
+    its LoRA layer (a fused GEMM reading the base weight) would be off by far more than the
+    tolerance. Both active."""
+    from peft import LoraConfig
+
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=LORA_TARGETS, init_lora_weights=False), "all")
+    model.add_adapter(
+        LoraConfig(r=4, lora_alpha=64, target_modules=[FF_UP, "ff.net.2"], init_lora_weights=False), "ff"
+    )
+    g = torch.Generator().manual_seed(1)
+    for name, p in sorted(model.named_parameters()):
+        if ".lora_" in name:
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    model.set_adapters(["all", "ff"])
+
+
+# Steps a LoRA user takes after loading adapters, applied in turn to stock and patched; the
+# output is compared after each. "scale" is a call argument (diffusers' apply_lora_scale).
+LORA_STEPS = {
+    "set_adapters_weights": lambda m: m.set_adapters(["all", "ff"], [0.5, 2.0]),
+    "fuse_lora": lambda m: m.fuse_lora(lora_scale=0.5),
+    "unfuse_lora": lambda m: m.unfuse_lora(),
+    "disable_adapters": lambda m: m.disable_adapters(),
+    "enable_adapters": lambda m: m.enable_adapters(),
+    "delete_adapters_ff": lambda m: m.delete_adapters("ff"),
+    "unload_lora": lambda m: m.unload_lora(),
+    "scale": None,
+}
+LORA_SEQUENCES = {
+    "scale": ["scale"],
+    "set_adapters": ["set_adapters_weights"],
+    "fuse_unfuse": ["fuse_lora", "unfuse_lora"],
+    "disable_enable": ["disable_adapters", "enable_adapters"],
+    "delete_then_unload": ["delete_adapters_ff", "unload_lora"],
+}
+
+
+@pytest.fixture
+def fused_ff_calls(monkeypatch):
+    """Counts linear_gelu_tanh calls (the FF up projection fused with its GELU)."""
+    calls = Counter()
+    fused = lkd.ops.linear_gelu_tanh
+
+    def counted(x, weight, bias):
+        calls["linear_gelu_tanh"] += 1
+        return fused(x, weight, bias)
+
+    monkeypatch.setattr(lkd.ops, "linear_gelu_tanh", counted)
+    return calls
+
+
+def _ff_has_lora(model) -> bool:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return isinstance(model.transformer_blocks[0].ff.net[0].proj, BaseTunerLayer)
+
+
+def _lora_step(model, name) -> dict:
+    """Applies one LoRA step to ``model``; returns the call arguments it needs."""
+    if name == "scale":
+        return {"attention_kwargs": {"scale": 0.5}}
+    LORA_STEPS[name](model)
+    return {}
+
+
+def _check_lora(model, stock, kw, call_kw):
+    """Patched against stock with the same adapters and steps; returns stock's output."""
+    expected, out = stock(**kw, **call_kw)[0], model(**kw, **call_kw)[0]
+    assert rel_err(out, expected) < TOLERANCE
+    assert not torch.equal(out, expected), "our kernels did not run"
+    return expected
+
+
+def _lora_models():
+    base = tiny_model("cpu", affine=True)
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    stock = copy.deepcopy(base)
+    add_lora(stock)
+    without_ff = copy.deepcopy(stock)
+    without_ff.set_adapters("all")
+    lora = stock(**kw)[0]
+    assert rel_err(lora, base(**kw)[0]) > 1e-2  # LoRA is active
+    assert rel_err(lora, without_ff(**kw)[0]) > 0.5, "the FF adapter's delta is not large"
+    return base, stock, kw
+
+
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")  # peft, on the second adapter
+@pytest.mark.parametrize("order", ["lora_then_inject", "inject_then_lora"])
+@pytest.mark.parametrize("sequence", LORA_SEQUENCES)
+@torch.no_grad()
+def test_peft_lora_steps_after_inject(sequence, order, fused_ff_calls):
+    pytest.importorskip("peft")
+    base, stock, kw = _lora_models()
+    model = copy.deepcopy(base)
+    if order == "lora_then_inject":
+        add_lora(model)
+    report = lkd.inject(model, rope="stock")
+    if order == "inject_then_lora":
+        add_lora(model)
+    assert sum(report.patched.values()) == PATCHED and not report.skipped, report
+
+    outputs = [_check_lora(model, stock, kw, {})]
+    for name in LORA_SEQUENCES[sequence]:
+        call_kw = _lora_step(stock, name)
+        _lora_step(model, name)
+        fused_ff_calls.clear()
+        outputs.append(_check_lora(model, stock, kw, call_kw))
+        # The FF's fused GEMM + GELU runs only where no LoRA layer wraps the projection.
+        assert fused_ff_calls["linear_gelu_tanh"] == (0 if _ff_has_lora(model) else 2)
+        if name == "unfuse_lora":  # unmerged, at the scale fuse_lora(0.5) left: the same output
+            assert not model.transformer_blocks[0].ff.net[0].proj.merged
+        else:
+            assert rel_err(outputs[-1], outputs[-2]) > 1e-2, f"{name} changed nothing"
+    _check_lora(model, stock, kw, {})  # a call's scale does not stay
+    assert lkd.remove(model) == PATCHED
+    assert torch.equal(model(**kw)[0], stock(**kw)[0])
+
+
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")
+@pytest.mark.parametrize("sequence", LORA_SEQUENCES)
+@torch.no_grad()
+def test_peft_lora_steps_before_inject(sequence):
+    pytest.importorskip("peft")
+    base, stock, kw = _lora_models()
+    model = copy.deepcopy(base)
+    add_lora(model)
+    for name in LORA_SEQUENCES[sequence]:
+        call_kw = _lora_step(stock, name)
+        _lora_step(model, name)
+    report = lkd.inject(model, rope="stock")
+    assert sum(report.patched.values()) == PATCHED and not report.skipped, report
+    _check_lora(model, stock, kw, call_kw)
+
+
+# --- diffusers' attention_backend(...) context manager ---------------------------------------
+@pytest.mark.parametrize("order", ["inject_then_context", "context_then_inject"])
+@torch.no_grad()
+def test_attention_backend_context_manager_reaches_our_processor(order, monkeypatch):
+    """``with attention_backend(name):`` sets the active backend; our processor (no backend
+    of its own set) dispatches to it, as the stock processor does."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, attention_backend
+
+    name = AttentionBackendName._NATIVE_MATH  # runs on the CPU; SDPA's math kernel
+    calls = Counter()
+    backend = _AttentionBackendRegistry._backends[name]
+
+    def counted(**kwargs):
+        calls[name] += 1
+        return backend(**kwargs)
+
+    monkeypatch.setitem(_AttentionBackendRegistry._backends, name, counted)
+    base = tiny_model("cpu")
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    with attention_backend(name):
+        expected = base(**kw)[0]
+    assert calls[name] == 4  # 2 blocks x (attn1, attn2): the stock processors use it
+
+    model = copy.deepcopy(base)
+    if order == "inject_then_context":
+        lkd.inject(model, rope="stock")
+    calls.clear()
+    with attention_backend(name):
+        if order == "context_then_inject":
+            lkd.inject(model, rope="stock")
+        out = model(**kw)[0]
+    assert calls[name] == 4
+    assert rel_err(out, expected) < TOLERANCE and not torch.equal(out, expected)
+    model(**kw)
+    assert calls[name] == 4  # the context is left: the default backend again
