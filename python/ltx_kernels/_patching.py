@@ -18,6 +18,7 @@ attribute) is theirs and stays.
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from collections import Counter
@@ -31,6 +32,7 @@ _STATE = "_ltx_kernels_patch"
 _ABSENT = object()  # an attribute the patch added rather than replaced
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEVICES = ("cuda", "cpu", "meta")
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
 def _hook_function_reference(forward):
@@ -73,6 +75,34 @@ def _unwrap(module: nn.Module) -> tuple[tuple[dict, str], list]:
             namespace, key = module.__dict__, "_old_forward"
         else:
             return (namespace, key), hooks
+
+
+def is_library_tensor(tensor: torch.Tensor | None) -> bool:
+    """Whether ``tensor`` is a tensor subclass, whose ops belong to its library: torchao's
+    quantized weights (``Int8Tensor``, ...), bitsandbytes' ``Int8Params``, GGUF parameters,
+    ``DTensor``. No fused kernel reads one in place; the module holding it runs its forward."""
+    return tensor is not None and type(tensor) not in _PLAIN_TENSORS
+
+
+def is_library_owned(module: nn.Module) -> bool:
+    """Whether one of ``module``'s own parameters is a library's tensor subclass."""
+    return any(is_library_tensor(p) for p in module._parameters.values())
+
+
+def library_owned_modules(model: nn.Module) -> str | None:
+    """The modules of ``model`` that hold library tensors, as ``"name (count), ..."`` with the
+    first index of a name folded into ``*`` (``transformer_blocks.*.attn1.to_q (28)``) and
+    the tensor types, or None when there are none."""
+    patterns: Counter = Counter()
+    kinds = set()
+    for name, module in model.named_modules():
+        if is_library_owned(module):
+            patterns[re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name, count=1)] += 1
+            kinds |= {type(p).__name__ for p in module._parameters.values() if is_library_tensor(p)}
+    if not patterns:
+        return None
+    listed = ", ".join(f"{name} ({count})" if count > 1 else name for name, count in patterns.items())
+    return f"{sum(patterns.values())} modules with {'/'.join(sorted(kinds))} parameters: {listed}"
 
 
 def _is_class_forward(module: nn.Module, forward) -> bool:
@@ -145,18 +175,23 @@ def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfu
     and back, and group offloading). They get the module alone: a fused kernel's inputs are
     activations already where it runs. A hook that replaces the forward (diffusers'
     ``new_forward``: caches, layer skip), torch forward hooks, or a forward the user set
-    must see the module's own call, so ``unfused`` runs. A module whose base forward is our
-    own patch counts as unhooked. Without hooks this is ``fused()``
-    after a look at each module's ``__dict__`` and hook dicts (what torch.compile traces).
+    must see the module's own call, so ``unfused`` runs; so does a module holding a library's
+    tensor subclass (:func:`is_library_tensor`: a torchao-quantized weight), which only its
+    library computes with. A module whose base forward is our own patch counts as unhooked.
+    Without hooks this is ``fused()`` after a look at each module's ``__dict__``, hook dicts
+    and parameter types (what torch.compile traces).
     """
-    if all("forward" not in m.__dict__ and not m._forward_hooks and not m._forward_pre_hooks for m in modules):
+    if all(
+        "forward" not in m.__dict__ and not m._forward_hooks and not m._forward_pre_hooks and not is_library_owned(m)
+        for m in modules
+    ):
         return fused()
     runs = []
     for m in modules:
         (namespace, key), hooks = _unwrap(m)
         if (
             not (_is_class_forward(m, namespace.get(key)) or _is_our_forward(m, namespace.get(key)))
-            or m._forward_hooks or m._forward_pre_hooks
+            or m._forward_hooks or m._forward_pre_hooks or is_library_owned(m)
             or any(getattr(hook, "original_forward", None) is not None for hook in hooks)
         ):
             return unfused()

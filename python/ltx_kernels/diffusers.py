@@ -23,6 +23,7 @@ with the stock forward, as the fused op is defined for one dtype.
 from __future__ import annotations
 
 import contextlib
+import glob
 import warnings
 from typing import Iterator
 
@@ -31,11 +32,21 @@ from torch import nn
 
 from ltx_kernels import _fp8, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
-from ltx_kernels._patching import Report, call_fused, is_patched, patch, unpatch_all, unsupported_reason
+from ltx_kernels._patching import (
+    Report,
+    call_fused,
+    is_library_owned,
+    is_library_tensor,
+    is_patched,
+    library_owned_modules,
+    patch,
+    unpatch_all,
+    unsupported_reason,
+)
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
-    if weight is not None and weight.dtype != hidden_states.dtype:
+    if weight is not None and (weight.dtype != hidden_states.dtype or is_library_tensor(weight)):
         return type(self).forward(self, hidden_states)
     eps = self.eps if self.eps is not None else torch.finfo(hidden_states.dtype).eps
     if hidden_states.stride(-1) != 1:  # e.g. a channels-last view in a VAE
@@ -49,7 +60,8 @@ def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Te
     def unfused():  # the projection called as a module, then the GELU
         return ops.gelu_tanh(proj(hidden_states))
 
-    # A LoRA-wrapped or FP8 projection runs as itself.
+    # A LoRA-wrapped or FP8 projection runs as itself; so does one with a library's weight
+    # (torchao's quantized tensors: call_fused).
     if type(proj) is not nn.Linear or proj.bias is None or _fp8.is_quantized(proj):
         return unfused()
     return call_fused((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias), unfused)
@@ -137,6 +149,10 @@ def inject(
     Composes with diffusers' hooks in either order (``enable_cache``, layerwise casting,
     group offloading, accelerate's CPU offload): patches go beneath the hooks, and weights a
     fused kernel reads from a submodule are read with that submodule's hooks run around it.
+    A projection wrapped by peft (LoRA) is called as a module, so its adapters apply. A
+    module whose weight is a library's tensor subclass (a torchao-quantized linear) runs its
+    library's forward, read by no fused kernel; ``report.notes`` lists those modules, and
+    ``precision="fp8"`` leaves them as they are (listed in ``report.skipped``).
     """
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
 
@@ -173,8 +189,18 @@ def inject(
                 continue
             patch(module, forward)
             report.patched[kind] += 1
+        skip = tuple(fp8_skip)
+        library = library_owned_modules(model)
+        if library is not None:  # e.g. torchao-quantized linears: their library computes them
+            left = f"{type(model).__name__}: {library}: left to their library"
+            if precision == "fp8":
+                skip += tuple(glob.escape(n) for n, m in model.named_modules() if is_library_owned(m))
+                report.skipped.append(f"{left}, not FP8")
+            else:
+                report.notes.append(f"{left}; no fused kernel reads their weights (a GELU-tanh projection among "
+                                    "them runs unfused: its library's linear, then gelu_tanh)")
         if precision == "fp8":
-            _fp8.quantize_linears(model, tuple(fp8_skip), report)
+            _fp8.quantize_linears(model, skip, report)
         report.note_training(model)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.diffusers.inject: not patched: {reason}", stacklevel=2)

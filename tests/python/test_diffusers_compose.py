@@ -2,7 +2,7 @@
 either order: the cache methods, layerwise casting, group offloading, other hooks on the
 submodules whose weights the fused kernels read, attention processors and backends (also
 the ``attention_backend(...)`` context manager), peft LoRA adapters and what users do with
-them.
+them, and a torchao-quantized base model.
 
 Each hook case runs a tiny fp32 LTX transformer through 6 denoising calls (falling timesteps,
 each in a ``cache_context`` with its step, as the pipelines do) with the feature on, patched
@@ -10,7 +10,7 @@ against stock with the same feature. Patched runs use ``rope="stock"`` (diffuser
 tables), so they agree with stock to fp32 rounding (~2e-7 relative per call) and a dropped
 feature (a cache that no longer skips, weights read without their casting hook) shows as a
 difference of 1e-2 or more. After ``remove()`` the model must reproduce stock-with-feature
-bit for bit. LoRA and backend cases compare single calls the same way.
+bit for bit. LoRA, quantization and backend cases compare single calls the same way.
 """
 
 import copy
@@ -419,6 +419,78 @@ def test_peft_lora_steps_before_inject(sequence):
     report = lkd.inject(model, rope="stock")
     assert sum(report.patched.values()) == PATCHED and not report.skipped, report
     _check_lora(model, stock, kw, call_kw)
+
+
+# --- a quantized base model (torchao) --------------------------------------------------------
+def _attention_linears(module, name):
+    return isinstance(module, torch.nn.Linear) and ".attn" in name
+
+
+def _int8_weight_only(model, only_attention=False):
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantize_(model, Int8WeightOnlyConfig(), filter_fn=_attention_linears if only_attention else None)
+
+
+@pytest.mark.parametrize("order", ["quantize_then_inject", "inject_then_quantize"])
+@pytest.mark.parametrize("linears", ["all", "attention_only"])
+@torch.no_grad()
+def test_torchao_int8_weight_only_base_model(linears, order, fused_ff_calls):
+    """Quantized linears stay with torchao: the FF's fused GEMM never reads an Int8Tensor (the
+    projection runs torchao's linear, then our gelu_tanh); every other fused op still runs."""
+    pytest.importorskip("torchao")
+    from ltx_kernels._patching import is_library_tensor
+
+    only_attention = linears == "attention_only"
+    base = tiny_model("cpu", affine=True)
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    stock = copy.deepcopy(base)
+    _int8_weight_only(stock, only_attention)
+    expected = stock(**kw)[0]
+    assert rel_err(expected, base(**kw)[0]) > 1e-3  # int8 weights: the quantization is active
+
+    model = copy.deepcopy(base)
+    if order == "quantize_then_inject":
+        _int8_weight_only(model, only_attention)
+    report = lkd.inject(model, rope="stock")
+    if order == "inject_then_quantize":
+        _int8_weight_only(model, only_attention)
+    assert sum(report.patched.values()) == PATCHED and not report.skipped, report
+    ff_up = model.transformer_blocks[0].ff.net[0].proj
+    assert is_library_tensor(model.transformer_blocks[0].attn1.to_q.weight)
+    assert is_library_tensor(ff_up.weight) != only_attention
+    if order == "quantize_then_inject":  # the report names what stays with torchao
+        (note,) = [n for n in report.notes if "Int8Tensor" in n]
+        assert "transformer_blocks.*.attn1.to_q (2)" in note and (FF_UP in note) != only_attention
+
+    out = model(**kw)[0]
+    assert rel_err(out, expected) < TOLERANCE
+    assert not torch.equal(out, expected), "our kernels did not run"
+    assert fused_ff_calls["linear_gelu_tanh"] == (2 if only_attention else 0)
+    assert lkd.remove(model) == PATCHED
+    assert torch.equal(model(**kw)[0], expected)
+
+
+@torch.no_grad()
+def test_fp8_inject_leaves_torchao_linears_alone():
+    """inject(precision="fp8") on a torchao-quantized model: torchao's linears stay torchao's
+    (reported in report.skipped, warned), the plain ones go FP8."""
+    pytest.importorskip("torchao")
+    from ltx_kernels import _fp8
+
+    stock = tiny_model("cpu", head_dim=16)  # D = 64: FP8-sized linears
+    _int8_weight_only(stock, only_attention=True)
+    kw = step_kwargs(stock, "interpolation_scale", per_token=False)
+    expected = stock(**kw)[0]
+    model = copy.deepcopy(stock)
+    with pytest.warns(UserWarning, match="left to their library, not FP8"):
+        report = lkd.inject(model, precision="fp8")
+    blocks = model.transformer_blocks
+    assert report.patched[_fp8.KIND] == 2 * len(blocks)  # the FF's up and down projections
+    assert all(_fp8.is_quantized(block.ff.net[2]) for block in blocks)
+    assert not any(_fp8.is_quantized(m) for name, m in model.named_modules() if ".attn" in name)
+    assert type(blocks[0].attn1.to_q.weight).__name__ == "Int8Tensor"
+    assert 0 < rel_err(model(**kw)[0], expected) < 5e-2  # FP8's error (test_diffusers_fp8.py)
 
 
 # --- diffusers' attention_backend(...) context manager ---------------------------------------
