@@ -35,20 +35,12 @@ _DEVICES = ("cuda", "cpu", "meta")
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
 
 
-def _hook_function_reference(forward):
-    """The ``HookFunctionReference`` whose diffusers registry wrapper ``forward`` is, or None.
-
-    The wrapper is ``functools.partial(new_forward, module)`` where ``new_forward`` is a
-    closure over its reference; the closure is the only place that ties a wrapper to its
-    hook (``__wrapped__`` goes stale when a hook beneath is removed)."""
-    hooks = sys.modules.get("diffusers.hooks.hooks")  # not imported: no registry exists
+def _is_registry_wrapper(forward) -> bool:
+    """Whether ``forward`` is the wrapper diffusers' ``HookRegistry.register_hook`` puts on a
+    module: ``functools.partial(new_forward, module)``, ``new_forward`` a closure over the
+    hook's ``HookFunctionReference``."""
     func = getattr(forward, "func", None)
-    if hooks is None or func is None:
-        return None
-    for cell in getattr(func, "__closure__", None) or ():
-        if isinstance(cell.cell_contents, hooks.HookFunctionReference):
-            return cell.cell_contents
-    return None
+    return func is not None and getattr(func, "__module__", None) == "diffusers.hooks.hooks"
 
 
 def _unwrap(module: nn.Module) -> tuple[tuple[dict, str], list]:
@@ -59,12 +51,22 @@ def _unwrap(module: nn.Module) -> tuple[tuple[dict, str], list]:
     or ``"_old_forward"``) or a ``HookFunctionReference``'s; and the hooks passed on the way,
     outermost first: each a ``HookFunctionReference`` or an accelerate hook, both with
     ``pre_forward(module, ...)`` and ``post_forward(module, output)``.
+
+    The k-th registry wrapper from the outside belongs to the k-th last reference of the
+    module's registry (``_fn_refs``, in registration order): each hook wraps the forward of
+    its time, and removing one relinks its neighbours, so the order holds. (The wrapper's
+    closure also holds its reference, but Dynamo cannot read a closure cell and then inline
+    the closure: reading cells here broke ``torch.compile`` of a hooked module's call.)
     """
     namespace, key, hooks = module.__dict__, "forward", []
+    registry = module.__dict__.get("_diffusers_hook")
+    refs = registry._fn_refs[::-1] if registry is not None else []
+    passed = 0  # registry wrappers passed
     while True:
         forward = namespace.get(key)
-        fn_ref = _hook_function_reference(forward)
-        if fn_ref is not None:
+        if _is_registry_wrapper(forward) and passed < len(refs):
+            fn_ref = refs[passed]
+            passed += 1
             hooks.append(fn_ref)
             namespace, key = vars(fn_ref), "forward" if fn_ref.original_forward is None else "original_forward"
         elif (
@@ -105,10 +107,14 @@ def library_owned_modules(model: nn.Module) -> str | None:
     return f"{sum(patterns.values())} modules with {'/'.join(sorted(kinds))} parameters: {listed}"
 
 
+def _method_function(forward):
+    """The function of a bound method, or None. (Not ``getattr(forward, "__func__", None)``:
+    Dynamo answers None for a method read from an object's ``__dict__``.)"""
+    return forward.__func__ if isinstance(forward, types.MethodType) else None
+
+
 def _is_class_forward(module: nn.Module, forward) -> bool:
-    return forward is None or (
-        getattr(forward, "__func__", None) is type(module).forward and forward.__self__ is module
-    )
+    return forward is None or (_method_function(forward) is type(module).forward and forward.__self__ is module)
 
 
 def is_patched(module: nn.Module) -> bool:
@@ -118,7 +124,7 @@ def is_patched(module: nn.Module) -> bool:
 def _is_our_forward(module: nn.Module, forward) -> bool:
     """Whether ``forward`` is the forward our patch put there: a fused kernel that stands in
     for our own forward computes what it would (e.g. an FP8 linear's)."""
-    return is_patched(module) and getattr(forward, "__func__", None) is module.__dict__[_STATE][0] is not None
+    return is_patched(module) and _method_function(forward) is module.__dict__[_STATE][0] is not None
 
 
 def patch(module: nn.Module, forward: Callable | None = None, **attributes) -> None:
@@ -147,7 +153,7 @@ def unpatch(module: nn.Module) -> bool:
     forward, original, saved = state
     if forward is not None:
         (namespace, key), _ = _unwrap(module)
-        if getattr(namespace.get(key), "__func__", None) is forward:
+        if _method_function(namespace.get(key)) is forward:
             if original is None:  # the class's forward, which hooks added since hold bound
                 original = types.MethodType(type(module).forward, module)
             if namespace is module.__dict__ and key == "forward" and _is_class_forward(module, original):

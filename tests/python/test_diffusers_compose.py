@@ -2,7 +2,7 @@
 either order: the cache methods, layerwise casting, group offloading, other hooks on the
 submodules whose weights the fused kernels read, attention processors and backends (also
 the ``attention_backend(...)`` context manager), peft LoRA adapters and what users do with
-them, and a torchao-quantized base model.
+them, a torchao-quantized base model, and torch.compile on top of these.
 
 Each hook case runs a tiny fp32 LTX transformer through 6 denoising calls (falling timesteps,
 each in a ``cache_context`` with its step, as the pipelines do) with the feature on, patched
@@ -528,3 +528,53 @@ def test_attention_backend_context_manager_reaches_our_processor(order, monkeypa
     assert rel_err(out, expected) < TOLERANCE and not torch.equal(out, expected)
     model(**kw)
     assert calls[name] == 4  # the context is left: the default backend again
+
+
+# --- torch.compile on top --------------------------------------------------------------------
+# (feature, order, fullgraph): one order per feature (a compile costs 4 to 10 s of CPU here;
+# the eager tests above cover both orders). fullgraph=False where the stock model with the
+# feature does not compile in one graph either:
+# - first_block_cache: the hook decides on the host whether to skip the remaining blocks
+#   (FBCHeadBlockHook._should_compute_remaining_blocks is torch.compiler.disable'd: a graph
+#   break per step, by design: the decision is data-dependent);
+# - layerwise_casting_fp8: LayerwiseCastingHook casts with module.to(dtype) around every
+#   forward, which builds new nn.Parameter objects; Dynamo refuses that in a graph.
+# new_forward hooks on the fused reads: our forward calls the hooked modules (the unfused
+# path) under Dynamo, which once broke on reading the hook wrapper's closure.
+COMPILE_CASES = [
+    ("first_block_cache", "feature_then_inject", False),
+    ("lora", "inject_then_feature", True),
+    ("layerwise_casting_fp8", "inject_then_feature", False),
+    ("new_forward_hook_on_fused_reads", "feature_then_inject", True),
+]
+COMPILE_FEATURES = {**FEATURES, "lora": add_lora}
+
+
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")
+@pytest.mark.parametrize("feature,order,fullgraph", COMPILE_CASES, ids=[f"{c[0]}-{c[1]}" for c in COMPILE_CASES])
+@torch.no_grad()
+def test_torch_compile_on_top(feature, order, fullgraph):
+    """torch.compile (aot_eager: Dynamo + AOT tracing, the kernels run as eager) of a patched
+    model with a feature: the compiled denoising loop reproduces the eager one."""
+    if feature == "lora":
+        pytest.importorskip("peft")
+    torch._dynamo.reset()
+    base = tiny_model("cpu", affine=True)
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    plain = denoise(base, kw)
+    stock = copy.deepcopy(base)
+    COMPILE_FEATURES[feature](stock)
+    expected = denoise(stock, kw)
+    assert max_rel_err(expected, plain) > 1e-2  # the feature is active
+
+    model = copy.deepcopy(base)
+    if order == "feature_then_inject":
+        COMPILE_FEATURES[feature](model)
+    lkd.inject(model, rope="stock")
+    if order == "inject_then_feature":
+        COMPILE_FEATURES[feature](model)
+    eager = denoise(model, kw)
+    compiled = denoise(torch.compile(model, fullgraph=fullgraph, backend="aot_eager"), kw)
+    assert max_rel_err(compiled, eager) < 1e-6
+    assert max_rel_err(compiled, expected) < TOLERANCE
+    assert not torch.equal(compiled[0], expected[0]), "our kernels did not run"
