@@ -7,9 +7,54 @@ Outputs are new contiguous tensors of the input's shape and dtype.
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 
 from ._ops import ops as _ops
+
+
+# Scalar arguments are checked here, before the dispatcher (whose own message for a wrong
+# type names neither the function nor the argument): a TypeError or ValueError that names both.
+
+
+def _real(fn: str, name: str, value, *, minimum: float | None = None, positive: bool = False) -> float:
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        number = float(value)  # Python and numpy numbers (and SymFloats under torch.compile)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: {name} must be a real number, got {type(value).__name__}") from None
+    if not -math.inf < number < math.inf:  # NaN too; comparisons also trace under torch.compile
+        raise ValueError(f"{fn}: {name} must be finite, got {value}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {value}")
+    if positive and number <= 0:
+        raise ValueError(f"{fn}: {name} must be > 0, got {value}")
+    return number
+
+
+def _integer(fn: str, name: str, value, *, minimum: int | None = None) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)  # ints, numpy integers, SymInts
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{fn}: {name} must be >= {minimum}, got {value}")
+    return number
+
+
+def _flag(fn: str, name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{fn}: {name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _eps(fn: str, eps) -> float:
+    return _real(fn, "eps", eps, minimum=0.0)
 
 
 def rms_norm(
@@ -24,7 +69,7 @@ def rms_norm(
     ``weight`` is optional (diffusers' ``RMSNorm(elementwise_affine=False)`` has none);
     ``weight_offset=1.0`` gives Gemma's ``(1 + weight)``.
     """
-    return _ops.rms_norm(x, weight, eps, weight_offset)
+    return _ops.rms_norm(x, weight, _eps("rms_norm", eps), _real("rms_norm", "weight_offset", weight_offset))
 
 
 def fused_add_rms_norm(
@@ -40,7 +85,8 @@ def fused_add_rms_norm(
     The norm is computed from the same rounded ``h`` that is returned, as a decoder layer
     that adds the residual and then normalizes would.
     """
-    return _ops.fused_add_rms_norm(x, residual, weight, eps, weight_offset)
+    fn = "fused_add_rms_norm"
+    return _ops.fused_add_rms_norm(x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
 
 
 def fused_add_rms_norm_(
@@ -52,7 +98,8 @@ def fused_add_rms_norm_(
     weight_offset: float = 0.0,
 ) -> torch.Tensor:
     """In-place :func:`fused_add_rms_norm`: ``residual`` becomes ``x + residual``; returns the norm."""
-    return _ops.fused_add_rms_norm_(x, residual, weight, eps, weight_offset)
+    fn = "fused_add_rms_norm_"
+    return _ops.fused_add_rms_norm_(x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
 
 
 def layer_norm(
@@ -62,7 +109,7 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dim (biased variance)."""
-    return _ops.layer_norm(x, weight, bias, eps)
+    return _ops.layer_norm(x, weight, bias, _eps("layer_norm", eps))
 
 
 def adaln_rms_norm(
@@ -79,7 +126,7 @@ def adaln_rms_norm(
     token with ``x``'s shape; they may be strided views (e.g. unbound from a ``[B, S, 6, D]``
     tensor, as LTX-Video does) and are read in place. One fp32 pass, rounded once.
     """
-    return _ops.adaln_rms_norm(x, scale, shift, weight, eps)
+    return _ops.adaln_rms_norm(x, scale, shift, weight, _eps("adaln_rms_norm", eps))
 
 
 def adaln_layer_norm(
@@ -92,7 +139,7 @@ def adaln_layer_norm(
 ) -> torch.Tensor:
     """``layer_norm(x, weight, bias, eps) * (1 + scale) + shift``; broadcasting as
     :func:`adaln_rms_norm`."""
-    return _ops.adaln_layer_norm(x, scale, shift, weight, bias, eps)
+    return _ops.adaln_layer_norm(x, scale, shift, weight, bias, _eps("adaln_layer_norm", eps))
 
 
 def gated_residual_adaln_rms_norm(
@@ -110,7 +157,7 @@ def gated_residual_adaln_rms_norm(
     math, rounded to the input dtype) and ``normed = adaln_rms_norm(x_new, scale, shift,
     weight, eps)`` computed from that rounded ``x_new``. ``gate`` broadcasts like ``scale``.
     """
-    return _ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, weight, eps)
+    return _ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, weight, _eps("gated_residual_adaln_rms_norm", eps))
 
 
 def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,8 +244,8 @@ def attention(
     yet, so CUDA tensors raise ``NotImplementedError``."""
     if precision not in ("bf16", "8bit"):
         raise ValueError(f"attention: precision must be 'bf16' or '8bit', got {precision!r}")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"attention: scale must be a float or None, got {type(scale).__name__}")
+    if scale is not None:
+        scale = _real("attention", "scale", scale)
     return _ops.attention(q, k, v, attn_mask, scale, precision)
 
 
@@ -230,6 +277,8 @@ def silu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _gelu_approximate(approximate: bool | str) -> str:
     if isinstance(approximate, bool):
         return "tanh" if approximate else "none"
+    if approximate not in ("tanh", "none"):
+        raise ValueError(f"geglu: approximate must be True, False, 'tanh' or 'none', got {approximate!r}")
     return approximate
 
 
@@ -282,7 +331,13 @@ def apply_rotary_pos_emb(
     ``sections`` splits the ``R`` channels into up to three half-split sections.
     fp32 math, one rounding; returns new tensors shaped like q and k.
     """
-    return _ops.apply_rotary_pos_emb(q, k, cos, sin, interleaved, unsqueeze_dim, sections)
+    fn = "apply_rotary_pos_emb"
+    if sections is not None:
+        if isinstance(sections, (str, bytes)) or not hasattr(sections, "__iter__"):
+            raise TypeError(f"{fn}: sections must be a list of ints or None, got {type(sections).__name__}")
+        sections = [_integer(fn, "sections", n, minimum=0) for n in sections]
+    return _ops.apply_rotary_pos_emb(q, k, cos, sin, _flag(fn, "interleaved", interleaved),
+                                     _integer(fn, "unsqueeze_dim", unsqueeze_dim), sections)
 
 
 def _rope_angles(positions: torch.Tensor, dims: int, theta: float) -> torch.Tensor:
@@ -301,6 +356,7 @@ def rope_1d(
     returned its inputs modified in place). The angle tables (``[S, Dh]``) are formed in
     float64 and rounded to float32.
     """
+    theta_base = _real("rope_1d", "theta_base", theta_base, positive=True)
     seq, head_dim = query.shape[1], query.shape[-1]
     positions = torch.arange(seq, device=query.device)
     angles = _rope_angles(positions, head_dim, theta_base).repeat_interleave(2, dim=-1)
@@ -333,6 +389,9 @@ def rope_3d(
     rotated by ``position * theta_base ** (-2i / n)``. Channels after the three sections (one
     when ``Dh`` is odd) pass through. Returns new tensors.
     """
+    num_frames, height, width = (_integer("rope_3d", name, value, minimum=1)
+                                 for name, value in (("num_frames", num_frames), ("height", height), ("width", width)))
+    theta_base = _real("rope_3d", "theta_base", theta_base, positive=True)
     head_dim = query.shape[-1]
     if query.shape[1] != num_frames * height * width:
         raise ValueError(
@@ -375,18 +434,27 @@ def _ltx_positions(
     base_width: int,
     patch_size: int,
     patch_size_t: int,
+    fn: str = "inject",
 ) -> tuple[list[int], list[float]]:
     """(grid, axis_scale) of LTXVideoRotaryPosEmbed: positions are scaled per axis by
     ``axis_scale`` before ``2 * g - 1``. With ``video_coords`` the grid is unused (the
-    pipelines pass no sizes then) and is given as zeros."""
-    base = (base_num_frames, base_height, base_width)
+    pipelines pass no sizes then) and is given as zeros. Arguments are checked for ``fn``."""
+    base = [_real(fn, name, value, positive=True) for name, value in
+            (("base_num_frames", base_num_frames), ("base_height", base_height), ("base_width", base_width))]
     if video_coords is not None:
         return [0, 0, 0], [1.0 / b for b in base]
-    grid = [int(num_frames), int(height), int(width)]
+    grid = [_integer(fn, name, value, minimum=1) for name, value in
+            (("num_frames", num_frames), ("height", height), ("width", width))]
     if rope_interpolation_scale is None:
         return grid, [1.0, 1.0, 1.0]
-    patches = (patch_size_t, patch_size, patch_size)
-    return grid, [float(r) * p / b for r, p, b in zip(rope_interpolation_scale, patches, base)]
+    scale = rope_interpolation_scale
+    if isinstance(scale, (str, bytes)) or not hasattr(scale, "__len__") or len(scale) != 3:
+        raise TypeError(f"{fn}: rope_interpolation_scale must be 3 numbers (frames, height, width) or None, "
+                        f"got {scale!r}")
+    scale = [_real(fn, "rope_interpolation_scale", r) for r in scale]
+    patches = [_real(fn, name, value, positive=True) for name, value in
+               (("patch_size_t", patch_size_t), ("patch_size", patch_size), ("patch_size", patch_size))]
+    return grid, [r * p / b for r, p, b in zip(scale, patches, base)]
 
 
 def ltx_rope_angles(
@@ -415,9 +483,9 @@ def ltx_rope_angles(
     """
     grid, scale = _ltx_positions(
         num_frames, height, width, rope_interpolation_scale, video_coords,
-        base_num_frames, base_height, base_width, patch_size, patch_size_t,
+        base_num_frames, base_height, base_width, patch_size, patch_size_t, fn="ltx_rope_angles",
     )
-    return _ops.ltx_rope_angles(x, grid, scale, video_coords, theta)
+    return _ops.ltx_rope_angles(x, grid, scale, video_coords, _real("ltx_rope_angles", "theta", theta, positive=True))
 
 
 def ltx_qk_norm_rope(
@@ -444,11 +512,13 @@ def ltx_qk_norm_rope(
     :func:`ltx_rope_angles`, for q and k together (each angle computed once for both).
     ``q`` and ``k`` may be row-strided views (e.g. of a fused projection). fp32 math from
     load to store: the normalized values are not rounded before the rotation."""
+    fn = "ltx_qk_norm_rope"
     grid, scale = _ltx_positions(
         num_frames, height, width, rope_interpolation_scale, video_coords,
-        base_num_frames, base_height, base_width, patch_size, patch_size_t,
+        base_num_frames, base_height, base_width, patch_size, patch_size_t, fn=fn,
     )
-    return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, eps, grid, scale, video_coords, theta)
+    return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, _eps(fn, eps), grid, scale, video_coords,
+                                 _real(fn, "theta", theta, positive=True))
 
 
 # Names of the original ltx_kernels package, kept so code written against it keeps working.

@@ -167,7 +167,7 @@ def test_bad_input_names_the_argument(device):
         ("b must have the shape of a", lambda: ltx_kernels.silu_and_mul(x, x[:, :32])),
         ("b must have the dtype of a", lambda: ltx_kernels.gelu_tanh_and_mul(x, x.half())),
         ("last dim of x must be even", lambda: ltx_kernels.swiglu(torch.randn(4, 7, device=device))),
-        ("approximate must be 'tanh' or 'none'", lambda: ltx_kernels.geglu(x, approximate="fast")),
+        ("geglu: approximate must be True, False, 'tanh' or 'none'", lambda: ltx_kernels.geglu(x, approximate="fast")),
         ("out must have shape", lambda: ltx_kernels.swiglu(x, torch.empty(4, 64, device=device))),
         ("out must have the dtype of x", lambda: ltx_kernels.geglu(x, torch.empty(4, 32, device=device).half())),
         ("y must have the shape of x", lambda: ltx_kernels.gated_residual(x, x[:2])),
