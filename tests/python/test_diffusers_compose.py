@@ -365,15 +365,23 @@ def _lora_models():
     kw = step_kwargs(base, "interpolation_scale", per_token=False)
     stock = copy.deepcopy(base)
     add_lora(stock)
-    without_ff = copy.deepcopy(stock)
-    without_ff.set_adapters("all")
-    lora = stock(**kw)[0]
-    assert rel_err(lora, base(**kw)[0]) > 1e-2  # LoRA is active
-    assert rel_err(lora, without_ff(**kw)[0]) > 0.5, "the FF adapter's delta is not large"
     return base, stock, kw
 
 
 @pytest.mark.filterwarnings("ignore:Already found a `peft_config`")  # peft, on the second adapter
+@torch.no_grad()
+def test_peft_lora_adapters_are_active():
+    """What the LoRA tests below rely on: the adapters change the output, the FF's by far."""
+    pytest.importorskip("peft")
+    base, stock, kw = _lora_models()
+    without_ff = copy.deepcopy(stock)
+    without_ff.set_adapters("all")
+    lora = stock(**kw)[0]
+    assert rel_err(lora, base(**kw)[0]) > 1e-2
+    assert rel_err(lora, without_ff(**kw)[0]) > 0.5, "the FF adapter's delta is not large"
+
+
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")
 @pytest.mark.parametrize("order", ["lora_then_inject", "inject_then_lora"])
 @pytest.mark.parametrize("sequence", LORA_SEQUENCES)
 @torch.no_grad()
@@ -400,7 +408,8 @@ def test_peft_lora_steps_after_inject(sequence, order, fused_ff_calls):
             assert not model.transformer_blocks[0].ff.net[0].proj.merged
         else:
             assert rel_err(outputs[-1], outputs[-2]) > 1e-2, f"{name} changed nothing"
-    _check_lora(model, stock, kw, {})  # a call's scale does not stay
+    if sequence == "scale":
+        _check_lora(model, stock, kw, {})  # a call's scale does not stay
     assert lkd.remove(model) == PATCHED
     assert torch.equal(model(**kw)[0], stock(**kw)[0])
 
