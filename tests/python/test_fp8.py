@@ -9,8 +9,10 @@ from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, TOLERANCE, assert_close
 
 ops = torch.ops.ltx_kernels
 FP8 = torch.float8_e4m3fn
-# Relative error of an FP8 tensor-core GEMM's fp32 output (H100: 7.5e-5 measured at K = 64).
-FP8_ACCUMULATOR_ERROR = 2e-4
+# Error of an FP8 tensor-core GEMM's fp32 output, element by element relative to the element
+# (plus the same share of the output's rms): H100 measured 7.5e-5 relative L2 and 1.2e-4 on
+# the worst element at K = 64.
+FP8_ACCUMULATOR_ERROR = 5e-4
 
 
 def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +127,13 @@ def test_fp8_linear_matches_the_dequantized_product(device, dtype, with_bias, ro
         # fp32 accumulation over k products, then one rounding: the tolerance of one rounding,
         # with fp32's own share for the summation order; for an fp32 output on the GPU, the
         # FP8 tensor cores' accumulator (about 22 mantissa bits on Hopper) dominates.
-        scale = FP8_ACCUMULATOR_ERROR / TOLERANCE[dtype] if device == "cuda" and dtype == torch.float32 else 2.0
-        assert_close(out, dequantized_reference(x, w, bias), dtype, scale=scale)
+        ref = dequantized_reference(x, w, bias)
+        if device == "cuda" and dtype == torch.float32:
+            rms = ref.norm().item() / ref.numel() ** 0.5
+            torch.testing.assert_close(out.double().cpu(), ref.cpu(), rtol=FP8_ACCUMULATOR_ERROR,
+                                       atol=FP8_ACCUMULATOR_ERROR * rms)
+        else:
+            assert_close(out, ref, dtype, scale=2.0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
