@@ -147,14 +147,27 @@ def _why_not(module: nn.Linear) -> str | None:
     return None
 
 
+def _inside_adapters(model: nn.Module) -> dict[int, str]:
+    """{id: why} of the linears inside a peft adapter layer (its base layer and its LoRA
+    matrices): peft merges (fuse_lora) and scales them in the weight's dtype, which FP8
+    weights cannot take, so they stay in the model's dtype."""
+    found = {}
+    for module in model.modules():
+        if any(cls.__name__ == "BaseTunerLayer" for cls in type(module).__mro__):
+            for sub in module.modules():
+                found[id(sub)] = f"inside the peft adapter layer {type(module).__name__}"
+    return found
+
+
 def quantize_linears(model: nn.Module, skip: tuple[str, ...], report) -> None:
     """Quantizes every plain ``nn.Linear`` of ``model`` whose qualified name matches no pattern
     of ``skip`` (fnmatch); records what it did and the weight memory in ``report``."""
     before = after = 0
+    in_adapters = _inside_adapters(model)
     for name, module in model.named_modules():
         if type(module) is not nn.Linear or is_quantized(module) or any(fnmatch.fnmatch(name, p) for p in skip):
             continue
-        why = _why_not(module)
+        why = _why_not(module) or in_adapters.get(id(module))
         if why is not None:
             report.skipped.append(f"{type(model).__name__}.{name} stays bf16 under fp8: {why}")
             continue

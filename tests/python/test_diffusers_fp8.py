@@ -158,3 +158,18 @@ def test_train_mode_report_says_forward_only():
     model = model16("cpu").train()
     report = inject_quietly(model)
     assert any("train mode" in note and "forward-only" in note for note in report.notes)
+
+
+def test_fp8_leaves_lora_layers_in_the_model_dtype():
+    """Linears inside a peft adapter (base layer and LoRA matrices) stay unquantized: peft
+    merges and scales them in the weight's dtype. The rest goes FP8 and the model runs."""
+    peft = pytest.importorskip("peft")
+    model = model16("cpu")
+    model.add_adapter(peft.LoraConfig(r=16, target_modules=["to_q"], init_lora_weights=False))
+    report = inject_quietly(model, precision="fp8")
+    to_q = model.transformer_blocks[0].attn1.to_q
+    assert to_q.base_layer.weight.dtype == torch.float32 and not _fp8.is_quantized(to_q.lora_A["default"])
+    assert _fp8.is_quantized(model.transformer_blocks[0].attn1.to_k)
+    assert any("inside the peft adapter layer" in reason for reason in report.skipped)
+    with torch.no_grad():
+        assert torch.isfinite(model(**step_kwargs(model, "interpolation_scale", per_token=False))[0]).all()
