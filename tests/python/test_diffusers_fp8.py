@@ -15,6 +15,7 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels import _fp8  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_ltx import step_kwargs, tiny_model  # noqa: E402
+from test_fp8 import count_quantizations  # noqa: E402
 
 # Linears per LTX block: attn1 and attn2 q/k/v/out, FF up and down.
 LINEARS_PER_BLOCK = 10
@@ -62,20 +63,7 @@ def test_fp8_quantizes_each_activation_once(monkeypatch):
     fused into the down projection's: 7 quantize_fp8 calls, not 10."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
-    calls = []  # one entry per quantization of an activation: explicit, or inside fp8_linear
-    quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
-
-    def counting_quantize(x, activation="none"):
-        calls.append(activation)
-        return quantize(x, activation)
-
-    def counting_linear(x, *args, x_scale=None, **kwargs):
-        if x_scale is None:
-            calls.append("none")
-        return linear(x, *args, x_scale=x_scale, **kwargs)
-
-    monkeypatch.setattr(_fp8.ops, "quantize_fp8", counting_quantize)
-    monkeypatch.setattr(_fp8.ops, "fp8_linear", counting_linear)
+    calls = count_quantizations(monkeypatch)
     with torch.no_grad():
         model(**step_kwargs(model, "interpolation_scale", per_token=False))
     blocks = len(model.transformer_blocks)

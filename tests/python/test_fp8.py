@@ -26,6 +26,28 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf * inv[..., None]).to(FP8), amax / fp8_max
 
 
+def count_quantizations(monkeypatch) -> list[str]:
+    """Records, through the integrations' ops module, each quantization of an activation: an
+    explicit quantize_fp8 (its activation) or one inside fp8_linear for a float input."""
+    from ltx_kernels import _fp8
+
+    calls = []
+    quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
+
+    def counting_quantize(x, activation="none"):
+        calls.append(activation)
+        return quantize(x, activation)
+
+    def counting_linear(x, *args, x_scale=None, **kwargs):
+        if x_scale is None:
+            calls.append("none")
+        return linear(x, *args, x_scale=x_scale, **kwargs)
+
+    monkeypatch.setattr(_fp8.ops, "quantize_fp8", counting_quantize)
+    monkeypatch.setattr(_fp8.ops, "fp8_linear", counting_linear)
+    return calls
+
+
 def assert_same_fp8(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor):
     ref_q, ref_scale = torch_quantize(x)
     assert q.dtype == FP8 and q.shape == x.shape and scale.shape == x.shape[:-1]

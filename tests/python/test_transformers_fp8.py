@@ -13,7 +13,7 @@ from conftest import DEVICES
 pytest.importorskip("transformers")
 import ltx_kernels.transformers as lt  # noqa: E402
 from ltx_kernels import _fp8  # noqa: E402
-from test_fp8 import torch_quantize  # noqa: E402
+from test_fp8 import count_quantizations, torch_quantize  # noqa: E402
 from test_transformers_integration import FAMILIES, SIZES, logits, prompt, rel, tiny_model  # noqa: E402
 
 # q/k/v/o and gate/up/down per layer; the head stays in the model's dtype.
@@ -75,20 +75,7 @@ def test_fp8_quantizes_shared_inputs_once(monkeypatch):
     """Per layer: q/k/v share one quantization, gate/up one; o and down one each: 4, not 7."""
     model = fp8_model("llama")
     apply_quietly(model, precision="fp8")
-    calls = []
-    quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
-
-    def counting_quantize(x, activation="none"):
-        calls.append(activation)
-        return quantize(x, activation)
-
-    def counting_linear(x, *args, x_scale=None, **kwargs):
-        if x_scale is None:
-            calls.append("none")
-        return linear(x, *args, x_scale=x_scale, **kwargs)
-
-    monkeypatch.setattr(_fp8.ops, "quantize_fp8", counting_quantize)
-    monkeypatch.setattr(_fp8.ops, "fp8_linear", counting_linear)
+    calls = count_quantizations(monkeypatch)
     logits(model, *prompt())
     assert len(calls) == 4 * SIZES["num_hidden_layers"]
 
