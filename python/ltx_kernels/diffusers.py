@@ -104,13 +104,20 @@ def _generic_patch(module: nn.Module):
 
 def _models(pipe_or_model) -> list[nn.Module]:
     if isinstance(pipe_or_model, nn.Module):
+        # Any module holding diffusers modules (a model, or the user's own container of them);
+        # one with none is a mistake (e.g. a transformers model: see ltx_kernels.transformers).
+        if not any(type(m).__module__.startswith("diffusers.") for m in pipe_or_model.modules()):
+            raise TypeError(
+                f"inject: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__} "
+                "holding no diffusers module (transformers models: ltx_kernels.transformers.apply)"
+            )
         return [pipe_or_model]
     from diffusers.models.modeling_utils import ModelMixin
 
     components = getattr(pipe_or_model, "components", None)
     if components is None:
         raise TypeError(
-            f"pipe_or_model must be a diffusers pipeline or a torch.nn.Module, got {type(pipe_or_model).__name__}"
+            f"inject: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__}"
         )
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 

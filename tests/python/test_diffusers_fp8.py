@@ -133,13 +133,14 @@ def test_fp8_compiles_fullgraph():
 
 def test_fp8_refuses_gpus_without_fp8_before_changing_the_model(monkeypatch):
     """An sm_80 GPU (faked: the check reads only devices and capabilities) is refused by name."""
-    model = torch.nn.Linear(16, 16)
+    model = model16("cpu")
     monkeypatch.setattr(_fp8, "_cuda_devices", lambda m: {torch.device("cuda", 0)})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     with pytest.raises(RuntimeError, match="A100 on cuda:0 has compute capability 8.0"):
         lkd.inject(model, precision="fp8")
-    assert model.weight.dtype == torch.float32 and not is_patched(model)
+    assert not any(is_patched(m) for m in model.modules())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
 def test_train_mode_report_says_forward_only():

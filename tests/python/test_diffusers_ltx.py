@@ -213,8 +213,10 @@ def test_unsupported_dtype_warns_and_patches_nothing():
 
 
 def test_bad_argument_names_it():
-    with pytest.raises(TypeError, match="pipe_or_model"):
+    with pytest.raises(TypeError, match="inject: pipe_or_model must be a diffusers pipeline or model"):
         lkd.inject("LTX-Video")
+    with pytest.raises(TypeError, match="Linear holding no diffusers module"):
+        lkd.inject(torch.nn.Linear(3, 3))
 
 
 @pytest.mark.parametrize("device", DEVICES)
