@@ -20,6 +20,10 @@
 
 #include "ltx_kernels/types.h"
 
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace ltx_kernels {
 
 enum class AttentionPrecision : int32_t {
@@ -64,5 +68,17 @@ ValidationError validate(const AttentionParams& p);
 
 // Plain CPU implementation: the definition above, fp32 math.
 void reference(const AttentionParams& p);
+
+// What the CUDA kernel supports beyond validate(): bf16 or fp16, head_dim 64 or 128, and
+// every row of q, k, v 16-byte aligned (base pointers and strides). nullptr when it does.
+ValidationError cuda_support(const AttentionParams& p);
+
+// Bytes of device scratch the CUDA launch needs (the 8-bit method's quantized q and k, their
+// block scales and K's channel sums); 0 for the exact path.
+int64_t workspace_bytes(const AttentionParams& p);
+
+#ifdef LTX_KERNELS_WITH_CUDA
+cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t stream);
+#endif
 
 }  // namespace ltx_kernels

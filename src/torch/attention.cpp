@@ -2,7 +2,7 @@
 // semantics, non-causal, precision 'bf16' (exact) or '8bit' (INT8 q and k with K smoothing).
 //
 // The CPU implementation is the C++ reference: the definition of the 8-bit method that the
-// GPU kernel will be held to. The Hopper kernel is not written yet, so CUDA tensors raise.
+// GPU kernel is held to. CUDA: bf16/fp16, head_dim 64 or 128 (others raise).
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -60,7 +60,11 @@ at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& q, const at::
   return additive.size(-1) > 1 && additive.stride(-1) != 1 ? additive.contiguous() : additive;
 }
 
-Strides4 strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+// A dim of size 1 is never stepped along: its stride (which torch leaves arbitrary) reads as 0.
+Strides4 strides_of(const at::Tensor& t) {
+  const auto stride = [&](int64_t d) { return t.size(d) == 1 ? 0 : t.stride(d); };
+  return {stride(0), stride(1), stride(2)};
+}
 
 at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
                           std::optional<double> scale, c10::string_view precision) {
@@ -69,10 +73,8 @@ at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Te
   return at::empty_symint(q.sym_sizes(), q.options());
 }
 
-at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
-                         std::optional<double> scale, c10::string_view precision) {
-  at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
-  const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
+AttentionParams params_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          std::optional<double> scale, c10::string_view precision, const at::Tensor& out) {
   AttentionParams p;
   p.dtype = to_dtype(q.scalar_type());
   p.precision = precision_of(precision);
@@ -95,17 +97,44 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
   p.out = out.mutable_data_ptr();
   p.out_strides = strides_of(out);
-  reference(p);
+  return p;
+}
+
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
+                         std::optional<double> scale, c10::string_view precision) {
+  at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
+  const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
+  reference(params_of(q, k, v, mask, scale, precision, out));
   return out;
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
+// The kernel copies rows 16 bytes at a time; a view whose rows are not 16-byte aligned (an odd
+// offset into a larger tensor) is copied once, O(S D) beside attention's O(S^2 D).
+at::Tensor rows_aligned(const at::Tensor& t) {
+  const Strides4 s = strides_of(t);
+  const bool aligned = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 && s.batch % 8 == 0 &&
+                       s.head % 8 == 0 && s.seq % 8 == 0;
+  return aligned ? t : t.contiguous();
+}
+
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
                           std::optional<double> scale, c10::string_view precision) {
-  attention_meta(q, k, v, attn_mask, scale, precision);
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "attention: the Hopper kernel is not written yet; the CPU "
-                              "implementation defines the method. On the GPU use "
-                              "torch.nn.functional.scaled_dot_product_attention meanwhile.");
+  at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
+  TORCH_CHECK_TYPE(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+                   "attention: on CUDA, q, k and v must be bfloat16 or float16, got ", q.scalar_type());
+  TORCH_CHECK_VALUE(q.size(3) == 64 || q.size(3) == 128, "attention: on CUDA, head_dim must be 64 or 128, got ",
+                    std::to_string(q.size(3)));
+  check_compute_capability(q, 80, "attention", "has no mma.sync tensor cores (Ampere and newer have them)");
+  const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
+  const at::Tensor q16 = rows_aligned(q), k16 = rows_aligned(k), v16 = rows_aligned(v);
+  const AttentionParams p = params_of(q16, k16, v16, mask, scale, precision, out);
+  if (ValidationError error = cuda_support(p)) TORCH_CHECK_VALUE(false, "attention: ", error);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const at::Tensor workspace = at::empty({workspace_bytes(p)}, q.options().dtype(at::kByte));
+  const cudaError_t error = launch(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream(q.device().index()));
+  TORCH_CHECK(error == cudaSuccess, "attention: CUDA launch failed: ", cudaGetErrorString(error));
+  return out;
 }
 #endif
 

@@ -1,5 +1,9 @@
 #include "torch/common.h"
 
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 namespace ltx_kernels::torch_ext {
 
 // Messages format numbers, sizes and devices with std::to_string rather than through
@@ -147,5 +151,15 @@ RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& kee
   v.ptr = keep.const_data_ptr();
   return v;
 }
+
+#ifdef LTX_KERNELS_WITH_CUDA
+void check_compute_capability(const at::Tensor& x, int minimum, const char* op, const char* lacks) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+  const int capability = prop->major * 10 + prop->minor;
+  TORCH_CHECK_VALUE(capability >= minimum, op, ": ", prop->name, " (compute capability ", std::to_string(prop->major),
+                    ".", std::to_string(prop->minor), ") ", lacks, "; it needs compute capability ",
+                    std::to_string(minimum / 10), ".", std::to_string(minimum % 10), " or newer");
+}
+#endif
 
 }  // namespace ltx_kernels::torch_ext

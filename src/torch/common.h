@@ -68,6 +68,12 @@ void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& 
 // not collapse into one stride.
 RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& keep);
 
+#ifdef LTX_KERNELS_WITH_CUDA
+// Raises a ValueError naming the op, the GPU and what it lacks when x's device has a compute
+// capability below `minimum` (e.g. 89 for FP8, 80 for mma.sync tensor-core kernels).
+void check_compute_capability(const at::Tensor& x, int minimum, const char* op, const char* lacks);
+#endif
+
 // Runs the op's CPU reference for CPU tensors, or its CUDA launcher on x's device and
 // current stream. `launch` and `reference` are overloaded on the params type.
 template <typename Params>

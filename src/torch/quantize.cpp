@@ -128,10 +128,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const 
 at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                            const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
-  TORCH_CHECK_VALUE(prop->major * 10 + prop->minor >= 89, "fp8_linear: ", prop->name,
-                    " (compute capability ", std::to_string(prop->major), ".", std::to_string(prop->minor),
-                    ") has no FP8 tensor cores; FP8 needs compute capability 8.9 or newer (Ada, Hopper)");
+  check_compute_capability(x, 89, "fp8_linear", "has no FP8 tensor cores (Ada, Hopper have them)");
   const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
   const at::Tensor b = weight.contiguous().t();  // [K, N] column-major, as cuBLASLt wants
   if (a.size(0) == 0) return at::zeros_symint(out_shape(x, weight), x.options().dtype(out_dtype));

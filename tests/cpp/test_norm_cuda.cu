@@ -1,5 +1,4 @@
 // CUDA kernels of the norm family vs the CPU reference; skipped without a GPU.
-#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,39 +6,16 @@
 #include <random>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "ltx_kernels/norm.h"
 #include "reference/convert.h"
 
 namespace ltx_kernels {
 namespace {
 
-bool has_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-// Device copy of a host buffer, freed on scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(const std::vector<uint8_t>& host) : bytes(host.size()) {
-    EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<uint8_t> to_host() const {
-    std::vector<uint8_t> host(bytes);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-};
-
-std::vector<uint8_t> random_buffer(int64_t count, DType dtype, std::mt19937& rng) {
-  std::vector<uint8_t> buf(count * dtype_size(dtype));
-  std::normal_distribution<float> normal;
-  for (int64_t i = 0; i < count; ++i) host::store(buf.data(), i, dtype, normal(rng));
-  return buf;
-}
+using test::DeviceBuffer;
+using test::has_gpu;
+using test::random_buffer;
 
 struct Case {
   NormType type;

@@ -1,7 +1,9 @@
 """attention: the exact path against SDPA in fp64, the 8-bit method against an independent
 plain-torch statement of its definition (include/ltx_kernels/attention.h), its error on randn
-and outlier inputs, masks, GQA, strided inputs, Meta shapes and bad input. CPU only until the
-Hopper kernel exists (CUDA raises, tested)."""
+and outlier inputs, masks, GQA, strided inputs, Meta shapes and bad input; then the CUDA
+kernel (bf16/fp16, head_dim 64 and 128) against the same statements on the GPU and against
+the C++ CPU reference, with odd lengths, cross-attention padding, strided and misaligned
+views and NaN propagation."""
 
 import math
 
@@ -173,8 +175,123 @@ def test_bad_input_names_the_argument():
         ltx_kernels.attention(q, k, v, scale="0.1")
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
-def test_cuda_says_the_kernel_is_not_written_yet():
-    q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="Hopper kernel is not written yet"):
+# ---- the CUDA kernel ----
+
+cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+CUDA_DTYPES = [torch.bfloat16, torch.float16]
+# (B, Hq, Hkv, Sq, Sk, D): single token, odd lengths around the 64-row tiles, GQA,
+# cross-attention (Sq != Sk), a long odd sequence.
+CUDA_SHAPES = [(1, 1, 1, 1, 1, 64), (2, 4, 4, 7, 7, 128), (1, 2, 1, 129, 65, 64), (1, 4, 2, 70, 200, 128),
+               (2, 2, 2, 64, 128, 64), (1, 2, 2, 8063, 8063, 64)]
+
+
+def on_cuda(*tensors):
+    return tuple(t.cuda() for t in tensors)
+
+
+def formula(precision):
+    """The plain-torch statement of the precision, evaluated in fp64 where the inputs live."""
+    return sdpa64 if precision == "bf16" else int8_attention
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("shape", CUDA_SHAPES)
+def test_cuda_matches_the_formula(precision, dtype, shape):
+    if shape[3] > 1000 and dtype == torch.float16:
+        pytest.skip("the long sequence runs once, in bf16")
+    q, k, v = on_cuda(*qkv(shape, dtype, seed=4))
+    out = ltx_kernels.attention(q, k, v, precision=precision)
+    assert out.dtype == dtype and out.shape == q.shape and out.device == q.device
+    assert_close(out, formula(precision)(q, k, v), dtype)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+def test_cuda_matches_the_cpu_reference(precision, dtype):
+    """The GPU kernel against the C++ reference (in fp32, on the same values)."""
+    q, k, v = qkv((2, 4, 2, 100, 77, 128), dtype, seed=5)
+    ref = ltx_kernels.attention(q.float(), k.float(), v.float(), precision=precision)
+    out = ltx_kernels.attention(*on_cuda(q, k, v), precision=precision)
+    assert_close(out, ref, dtype)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_masks_and_fully_masked_rows(precision, d):
+    q, k, v = on_cuda(*qkv((2, 2, 2, 70, 128, d), torch.bfloat16, seed=6))
+    padding = torch.ones(2, 1, 1, 128, dtype=torch.bool, device="cuda")
+    padding[1, ..., 77:] = False  # cross-attention key padding (LTX's text length 128)
+    additive = torch.randn(70, 128, device="cuda")
+    rows = torch.ones(2, 2, 70, 128, dtype=torch.bool, device="cuda")
+    rows[0, 1, 3] = False  # one query row with every key masked
+    rows[1, 0, 69, :64] = False  # a row whose first key tile is all masked
+    for mask in (padding, additive, rows):
+        out = ltx_kernels.attention(q, k, v, attn_mask=mask, precision=precision)
+        assert_close(out, formula(precision)(q, k, v, mask), torch.bfloat16)
+    out = ltx_kernels.attention(q, k, v, attn_mask=rows, precision=precision)
+    assert (out[0, 1, 3] == 0).all() and torch.isfinite(out).all()
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+def test_cuda_strided_and_misaligned_views(precision):
+    """Views of a fused QKV projection run in place; views whose rows are not 16-byte aligned
+    are copied first: both give the contiguous result exactly."""
+    q, k, v = qkv((2, 3, 3, 100, 100, 64), torch.bfloat16, layout="fused")
+    q, k, v = on_cuda(q, k, v)
+    same = ltx_kernels.attention(q.contiguous(), k.contiguous(), v.contiguous(), precision=precision)
+    assert torch.equal(ltx_kernels.attention(q, k, v, precision=precision), same)
+    wide = torch.zeros(2, 3, 100, 65, dtype=torch.bfloat16, device="cuda")
+    wide[..., 1:] = q
+    assert torch.equal(ltx_kernels.attention(wide[..., 1:], k, v, precision=precision), same)
+
+
+@cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_8bit_error_within_the_targets(d):
+    q, k, v = on_cuda(*qkv((1, 2, 2, 1000, 1000, d), torch.float32, seed=7))
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    err = rel_err(ltx_kernels.attention(q, k, v, precision="8bit"), sdpa64(q, k, v))
+    assert 1e-4 < err <= ERROR_RANDN, err
+    q, k, v = (t.cuda().bfloat16() for t in outlier_qkv(1, 2, 1000, d))
+    err = rel_err(ltx_kernels.attention(q, k, v, precision="8bit"), sdpa64(q, k, v))
+    assert 1e-4 < err <= ERROR_OUTLIER, err
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+def test_cuda_nan_propagates_as_the_reference_says(precision):
+    """A NaN in q poisons its row (bf16) or its 64-row quantization block (8-bit); a NaN in
+    k poisons every row. The GPU's NaN pattern is the C++ reference's."""
+    q, k, v = qkv((1, 1, 1, 130, 90, 64), torch.bfloat16, seed=8)
+    q[0, 0, 70, 5] = float("nan")
+    ref = ltx_kernels.attention(q.float(), k.float(), v.float(), precision=precision)
+    out = ltx_kernels.attention(*on_cuda(q, k, v), precision=precision).cpu()
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any() and not out.isnan().all()
+    k[0, 0, 10, 0] = float("nan")
+    assert ltx_kernels.attention(*on_cuda(q, k, v), precision=precision).isnan().all()
+
+
+@cuda
+def test_cuda_empty_and_keyless_inputs():
+    q = torch.randn(2, 1, 5, 64, device="cuda", dtype=torch.bfloat16)
+    none = torch.randn(2, 1, 0, 64, device="cuda", dtype=torch.bfloat16)
+    for precision in ("bf16", "8bit"):
+        assert ltx_kernels.attention(none, q, q, precision=precision).shape == (2, 1, 0, 64)
+        assert (ltx_kernels.attention(q, none, none, precision=precision) == 0).all()
+
+
+@cuda
+def test_cuda_unsupported_inputs_raise():
+    q = torch.randn(1, 2, 8, 64, device="cuda")
+    with pytest.raises(TypeError, match="attention: on CUDA, q, k and v must be bfloat16 or float16"):
         ltx_kernels.attention(q, q, q)
+    q = torch.randn(1, 2, 8, 80, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="attention: on CUDA, head_dim must be 64 or 128, got 80"):
+        ltx_kernels.attention(q, q, q)
+    with pytest.raises(ValueError, match="attn_mask must be on q's device"):
+        ltx_kernels.attention(q[..., :64], q[..., :64], q[..., :64], attn_mask=torch.ones(8, 8, dtype=torch.bool))

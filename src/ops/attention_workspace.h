@@ -1,0 +1,50 @@
+// Device scratch of the 8-bit attention method, carved from one buffer: q and k in INT8 in
+// blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32 scale per
+// block, and K's per-channel sums in fp64 over chunks of kMeanChunk keys (summed in a fixed
+// order by the k quantization, so the mean is deterministic).
+#pragma once
+
+#include <cstdint>
+
+#include "ltx_kernels/attention.h"
+#include "ops/host_util.h"
+
+namespace ltx_kernels {
+
+constexpr int64_t kMeanChunk = 512;
+
+struct AttentionWorkspace {
+  int64_t q_blocks = 0;  // per (batch, head)
+  int64_t k_blocks = 0;
+  int64_t k_chunks = 0;
+  int8_t* q8 = nullptr;  // [B, Hq, q_blocks * kQuantBlock, D]
+  int8_t* k8 = nullptr;  // [B, Hkv, k_blocks * kQuantBlock, D]
+  float* q_scale = nullptr;  // [B, Hq, q_blocks]
+  float* k_scale = nullptr;  // [B, Hkv, k_blocks]
+  double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
+  int64_t bytes = 0;
+};
+
+// The layout for p inside `base` (nullptr: sizes only).
+inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* base) {
+  AttentionWorkspace w;
+  if (p.precision != AttentionPrecision::kInt8QK) return w;
+  w.q_blocks = host_util::ceil_div(p.seq_q, kQuantBlock);
+  w.k_blocks = host_util::ceil_div(p.seq_k, kQuantBlock);
+  w.k_chunks = host_util::ceil_div(p.seq_k, kMeanChunk);
+  char* at = static_cast<char*>(base);
+  const auto take = [&](int64_t bytes) {
+    char* ptr = at == nullptr ? nullptr : at + w.bytes;
+    w.bytes += (bytes + 255) / 256 * 256;  // each part 256-byte aligned
+    return ptr;
+  };
+  const int64_t bq = p.batch * p.heads_q, bk = p.batch * p.heads_kv;
+  w.q8 = reinterpret_cast<int8_t*>(take(bq * w.q_blocks * kQuantBlock * p.head_dim));
+  w.k8 = reinterpret_cast<int8_t*>(take(bk * w.k_blocks * kQuantBlock * p.head_dim));
+  w.q_scale = reinterpret_cast<float*>(take(bq * w.q_blocks * 4));
+  w.k_scale = reinterpret_cast<float*>(take(bk * w.k_blocks * 4));
+  w.k_sums = reinterpret_cast<double*>(take(bk * w.k_chunks * p.head_dim * 8));
+  return w;
+}
+
+}  // namespace ltx_kernels
