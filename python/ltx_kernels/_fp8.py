@@ -55,6 +55,7 @@ def check_precision(model: nn.Module, precision: str) -> None:
                          "patch it with precision='fp8'")
     if precision == "fp8":
         check_device_supports_fp8(model)
+        check_not_offloaded(model)
 
 
 def check_removable(model: nn.Module) -> None:
@@ -62,6 +63,37 @@ def check_removable(model: nn.Module) -> None:
     if any(is_quantized(m) for m in model.modules()):
         raise RuntimeError(f"{type(model).__name__} was patched with precision='fp8', which is one-way: its "
                            "original weights were freed. Reload the model to get the stock one back.")
+
+
+def check_not_offloaded(model: nn.Module) -> None:
+    """Refuses FP8 on a model whose weights sit on the meta device: accelerate's offload
+    (``device_map`` with "cpu" / "disk" entries, ``cpu_offload``, diffusers'
+    ``enable_sequential_cpu_offload``) keeps the real weights in its own map and loads them
+    into the module for each forward, so weights quantized in the module would be replaced by
+    the originals, and their scales would stay on the meta device."""
+    offloaded = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if offloaded:
+        raise ValueError(
+            f"precision='fp8' cannot quantize {type(model).__name__}: {len(offloaded)} parameters (e.g. "
+            f"{offloaded[0]}) are on the meta device, offloaded by accelerate (device_map offload, cpu_offload, "
+            "enable_sequential_cpu_offload), which reloads the original weights for each forward. Patch with "
+            "precision='fp8' before offloading (the quantized weights are then what is offloaded), or load the "
+            "model without offload."
+        )
+
+
+def check_adapters(modules) -> None:
+    """Raises when a peft adapter layer (LoRA) wraps one of our FP8 linears: peft casts its
+    LoRA matrices to the base weight's dtype, e4m3, and cannot compute with them."""
+    for m in modules:
+        base = m._modules.get("base_layer")
+        if base is not None and MARKER in base.__dict__:
+            raise RuntimeError(
+                f"a peft adapter layer ({type(m).__module__}.{type(m).__name__}) was added to a linear that "
+                "ltx_kernels quantized with precision='fp8': peft LoRA adapters cannot run on e4m3 weights (peft "
+                "casts the LoRA matrices to e4m3). Add or load the adapters before patching with precision='fp8' "
+                "(the linears inside an adapter then stay in the model's dtype), or patch with precision='bf16'."
+            )
 
 
 def _cuda_devices(model: nn.Module) -> set[torch.device]:
@@ -96,12 +128,14 @@ def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: tor
 
 def linears(x: torch.Tensor, modules: tuple[nn.Module, ...]) -> list[torch.Tensor]:
     """``[m(x) for m in modules]``; when every module is an FP8 linear of ours without hooks,
-    ``x`` is quantized once for all of them (attention's q/k/v read the same input)."""
+    ``x`` is quantized once for all of them (attention's q/k/v read the same input). A peft
+    adapter added around one of our FP8 linears raises (:func:`check_adapters`)."""
 
     def unfused():
         return [m(x) for m in modules]
 
     if len(modules) < 2 or not all(is_quantized(m) for m in modules):
+        check_adapters(modules)
         return unfused()
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(x), modules, x.dtype), unfused)
 
@@ -120,6 +154,7 @@ def _feed_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs)
         q, scale = ops.quantize_fp8(up, activation="gelu_tanh")
         return _quantized_matmuls(q, scale, (down,), hidden_states.dtype)[0]
 
+    check_adapters((gelu.proj, down))
     if self.training and any(m.p > 0 for m in self.net if isinstance(m, nn.Dropout)):
         return unfused()
     return call_fused((gelu, gelu.proj, down), fused, unfused)

@@ -108,7 +108,7 @@ class LtxKernelsAttnProcessor:
         if encoder_hidden_states is None:
             query, key, value = _fp8.linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
         else:
-            query = attn.to_q(hidden_states)
+            (query,) = _fp8.linears(hidden_states, (attn.to_q,))
             key, value = _fp8.linears(context, (attn.to_k, attn.to_v))
         query, key = call_fused(
             (attn.norm_q, attn.norm_k),
@@ -127,7 +127,7 @@ class LtxKernelsAttnProcessor:
             parallel_config=self._parallel_config,
         )
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        hidden_states = attn.to_out[0](hidden_states)
+        (hidden_states,) = _fp8.linears(hidden_states, (attn.to_out[0],))
         return attn.to_out[1](hidden_states)
 
 

@@ -61,7 +61,8 @@ def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Te
         return ops.gelu_tanh(proj(hidden_states))
 
     # A LoRA-wrapped or FP8 projection runs as itself; so does one with a library's weight
-    # (torchao's quantized tensors: call_fused).
+    # (torchao's quantized tensors: call_fused). A LoRA added around an FP8 one raises.
+    _fp8.check_adapters((proj,))
     if type(proj) is not nn.Linear or proj.bias is None or _fp8.is_quantized(proj):
         return unfused()
     return call_fused((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias), unfused)

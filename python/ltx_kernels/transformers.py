@@ -35,7 +35,7 @@ from torch import nn
 
 from ltx_kernels import _fp8, ops
 from ltx_kernels.layers import eps_of
-from ltx_kernels._patching import Report, is_patched, patch, unpatch_all, unsupported_reason
+from ltx_kernels._patching import Report, call_fused, is_patched, patch, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -105,19 +105,30 @@ def _decoder_layer_forward(
         **kwargs,
     )
     norm = self.post_attention_layernorm
-    if norm.weight.dtype == hidden_states.dtype == residual.dtype:  # not so under autocast
-        hidden_states, residual = ops.fused_add_rms_norm(
-            hidden_states, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
+    attn_output = hidden_states
+
+    def unfused():  # the sum, then the norm called as a module (its hooks, its forward)
+        added = residual + attn_output
+        return norm(added), added
+
+    if norm.weight.dtype == attn_output.dtype == residual.dtype:  # not so under autocast
+        # The norm's weight is read in place, between the norm's hooks (accelerate's offload
+        # hooks load it from the meta device: device_map offload, cpu_offload).
+        hidden_states, residual = call_fused(
+            (norm,),
+            lambda: ops.fused_add_rms_norm(
+                attn_output, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
+            ),
+            unfused,
         )
     else:
-        residual = residual + hidden_states
-        hidden_states = norm(residual)
+        hidden_states, residual = unfused()
     return residual + self.mlp(hidden_states)
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     gate, up = _fp8.linears(x, (self.gate_proj, self.up_proj))  # one FP8 quantization of x
-    return self.down_proj(self._ltx_gated_activation(gate, up))
+    return _fp8.linears(self._ltx_gated_activation(gate, up), (self.down_proj,))[0]
 
 
 def _attention_forward(
@@ -160,7 +171,7 @@ def _attention_forward(
         **kwargs,
     )
     attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-    return self.o_proj(attn_output), attn_weights
+    return _fp8.linears(attn_output, (self.o_proj,))[0], attn_weights
 
 
 def _sliding_window_of_config(attention: nn.Module) -> int | None:

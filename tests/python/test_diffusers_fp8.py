@@ -162,3 +162,29 @@ def test_fp8_leaves_lora_layers_in_the_model_dtype():
     assert any("inside the peft adapter layer" in reason for reason in report.skipped)
     with torch.no_grad():
         assert torch.isfinite(model(**step_kwargs(model, "interpolation_scale", per_token=False))[0]).all()
+
+
+# Every place an LTX block calls a linear: self-attention q/k/v (shared quantization),
+# cross-attention q alone, attention output, FF up (fused with its GELU) and down.
+@pytest.mark.parametrize("target", ["attn1.to_k", "attn2.to_q", "to_out.0", "ff.net.0.proj", "ff.net.2"])
+@torch.no_grad()
+def test_lora_added_after_fp8_raises_naming_both(target):
+    """peft casts the LoRA matrices to the base weight's dtype (e4m3), where they cannot run:
+    the forward says so and how to order the two, instead of failing inside peft."""
+    peft = pytest.importorskip("peft")
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8")
+    model.add_adapter(peft.LoraConfig(r=4, target_modules=[target], init_lora_weights=False))
+    with pytest.raises(RuntimeError, match=r"peft adapter layer .* precision='fp8'.* before patching"):
+        model(**step_kwargs(model, "interpolation_scale", per_token=False))
+
+
+def test_fp8_on_an_accelerate_offloaded_model_raises_naming_both():
+    """accelerate keeps the offloaded weights in its own map and reloads them for each forward:
+    quantizing the meta-device parameters would be undone (or crash), so inject refuses first."""
+    accelerate = pytest.importorskip("accelerate")
+    model = model16("cpu")
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"precision='fp8' cannot quantize .* offloaded by accelerate"):
+        lkd.inject(model, precision="fp8")
+    assert not any(is_patched(m) for m in model.modules())

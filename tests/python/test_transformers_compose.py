@@ -110,7 +110,6 @@ LORA_STEPS = {
 }
 MERGING = {"merge_adapter": True, "unmerge_adapter": False, "merge_and_unload": None}
 LORA_CASES = [
-    ("add_adapter", []),
     ("add_adapter", ["set_adapter_b"]),
     ("add_adapter", ["disable_adapters", "enable_adapters"]),
     ("add_adapter", ["delete_adapter_a"]),
@@ -198,7 +197,8 @@ def _from_pretrained_device_map_auto(model, device, tmp_path):
     path = tmp_path / "checkpoint"
     if not path.exists():
         model.save_pretrained(path)
-    max_memory = {_main(device): 150_000} | ({"cpu": 2**30} if device == "cuda" else {})
+    # 674 kB of fp32 weights: on the GPU the embeddings and layers.0 fit, on the CPU nothing does.
+    max_memory = {0: 600_000, "cpu": 2**30} if device == "cuda" else {"cpu": 150_000}
     loaded = AutoModelForCausalLM.from_pretrained(path, device_map="auto", max_memory=max_memory,
                                                   offload_folder=str(tmp_path / "offload"))
     assert _offload_target(device) in loaded.hf_device_map.values(), loaded.hf_device_map
@@ -227,6 +227,7 @@ def fused_norm_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.filterwarnings("ignore:You are calling .generate\\(\\) with the `input_ids` being on a device")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("offload,order", OFFLOAD_CASES, ids=["-".join(c) for c in OFFLOAD_CASES])
 @torch.no_grad()
