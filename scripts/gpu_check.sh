@@ -2,9 +2,9 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py bench attention e2e llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_E2E / GPU_CHECK_LLM extra arguments of the LTX-Video
-# and LLM end-to-end benchmarks.
+# time per command is limited (stages: cpp sanitize py bench attention e2e cache llm); GPU_CHECK_PYTEST passes extra
+# pytest arguments (e.g. -k rope), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
 # GoogleTest source tree in .gtest/ (used when no system GoogleTest is found).
@@ -72,6 +72,13 @@ echo "== end-to-end LTX-Video benchmark"
 # shellcheck disable=SC2086
 python3 -m ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-} --json "$out/e2e.json" --markdown "$out/e2e.md" 2>&1 \
   | tee "$out/e2e.log" | tail -30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want cache; then
+echo "== end-to-end LTX-Video denoising loop with FirstBlockCache (stock vs ours vs ours + compile)"
+# shellcheck disable=SC2086
+python3 -m ltx_kernels.bench.ltx_cache ${GPU_CHECK_CACHE:-} --json "$out/cache.json" --markdown "$out/cache.md" 2>&1 \
+  | tee "$out/cache.log" | tail -20
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want llm; then
