@@ -2,7 +2,8 @@
 // head, with q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] (Hq a multiple of Hkv: grouped-query
 // heads share their kv head), out [B, Hq, Sq, D]; every tensor's last dim contiguous, the
 // other dims strided. An optional additive fp32 mask broadcasts over [B, H, Sq, Sk] through
-// strides of 0. A query row whose keys are all masked (-inf) gets zeros, not NaN.
+// strides of 0. A query row whose keys are all masked (-inf) gets zeros, not NaN; a NaN score makes
+// its row NaN.
 //
 // kInt8QK is the 8-bit method (SageAttention's, DESIGN.md section 6):
 //   k' = k - mean(k), the mean over all Sk keys per (batch, kv head, channel), rounded to fp32

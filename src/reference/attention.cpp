@@ -94,11 +94,11 @@ void reference(const AttentionParams& p) {
             }
             if (p.mask) s += p.mask[b * p.mask_strides.batch + h * p.mask_strides.head + i * p.mask_strides.seq + j];
             scores[j] = s;
-            row_max = std::max(row_max, s);
+            row_max = (s > row_max || std::isnan(s)) ? s : row_max;  // a NaN score makes the row NaN
           }
           std::fill(acc.begin(), acc.end(), 0.0);
           double total = 0.0;
-          if (row_max > -std::numeric_limits<double>::infinity()) {  // else: every key masked, out 0
+          if (row_max != -std::numeric_limits<double>::infinity()) {  // else: every key masked, out 0
             for (int64_t j = 0; j < p.seq_k; ++j) {
               const double e = std::exp(scores[j] - row_max);
               total += e;
@@ -106,7 +106,7 @@ void reference(const AttentionParams& p) {
             }
           }
           for (int64_t d = 0; d < dim; ++d) {
-            const double o = total > 0.0 ? acc[d] / total : 0.0;
+            const double o = total == 0.0 ? 0.0 : acc[d] / total;
             host::store(p.out, b * p.out_strides.batch + h * p.out_strides.head + i * p.out_strides.seq + d,
                         p.dtype, static_cast<float>(o));
           }

@@ -139,6 +139,20 @@ def test_8bit_error_within_the_targets(d):
     assert 1e-4 < err <= ERROR_OUTLIER, err
 
 
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+def test_nan_propagates(precision):
+    """A NaN in q makes its row NaN (bf16) or its 64-row quantization block's rows (8-bit,
+    through the block scale); rows elsewhere stay finite. A NaN is not a masked key."""
+    q, k, v = qkv((1, 1, 1, 130, 20, 8), torch.float32, seed=9)
+    q[0, 0, 70, 5] = float("nan")
+    nan_rows = ltx_kernels.attention(q, k, v, precision=precision)[0, 0].isnan().all(dim=-1)
+    expected = torch.zeros(130, dtype=torch.bool)
+    expected[70] = True
+    if precision == "8bit":
+        expected[64:128] = True
+    assert torch.equal(nan_rows, expected)
+
+
 def test_8bit_bf16_inputs():
     q, k, v = qkv((1, 2, 2, 100, 100, 64), torch.bfloat16, seed=3)
     out = ltx_kernels.attention(q, k, v, precision="8bit")
