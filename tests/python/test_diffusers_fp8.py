@@ -188,3 +188,34 @@ def test_fp8_on_an_accelerate_offloaded_model_raises_naming_both():
     with pytest.raises(ValueError, match=r"precision='fp8' cannot quantize .* offloaded by accelerate"):
         lkd.inject(model, precision="fp8")
     assert not any(is_patched(m) for m in model.modules())
+
+
+@torch.no_grad()
+def test_fp8_with_first_block_cache_and_compile():
+    """The fastest recipe's stack on the CPU: FP8 + FirstBlockCache (either order gives the same
+    model; the cache is active; each call within FP8's error of stock with the cache) +
+    torch.compile (aot_eager: reproduces eager)."""
+    from test_diffusers_compose import FEATURES, denoise, max_rel_err
+
+    base = model16("cpu")
+    kw = step_kwargs(base, "interpolation_scale", per_token=False)
+    stock = copy.deepcopy(base)
+    FEATURES["first_block_cache"](stock)
+    expected = denoise(stock, kw)
+    no_cache = copy.deepcopy(base)
+    inject_quietly(no_cache, precision="fp8")
+    runs = {}
+    for order in ("cache_then_fp8", "fp8_then_cache"):
+        model = copy.deepcopy(base)
+        if order == "cache_then_fp8":
+            FEATURES["first_block_cache"](model)
+        inject_quietly(model, precision="fp8")
+        if order == "fp8_then_cache":
+            FEATURES["first_block_cache"](model)
+        runs[order] = denoise(model, kw)
+    outputs = runs["fp8_then_cache"]
+    assert all(torch.equal(a, b) for a, b in zip(outputs, runs["cache_then_fp8"]))
+    assert max_rel_err(outputs, denoise(no_cache, kw)) > 1e-2  # the cache is active
+    assert max_rel_err(outputs, expected) < FP8_TOLERANCE
+    torch._dynamo.reset()
+    assert max_rel_err(denoise(torch.compile(model, backend="aot_eager"), kw), outputs) < 1e-6

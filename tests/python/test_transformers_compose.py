@@ -337,3 +337,25 @@ def test_fp8_and_accelerate_offload():
         lt.apply(model, precision="fp8")
     assert not any("_ltx_kernels_patch" in m.__dict__ for m in model.modules())
 
+
+
+@torch.no_grad()
+def test_lora_then_fp8(tmp_path):
+    """Adapters added before FP8 (on gate and down): the linears inside them stay in the
+    model's dtype (reported), the others go FP8, and the adapters still apply."""
+    pytest.importorskip("peft")
+    from ltx_kernels import _fp8
+    from test_transformers_fp8 import FP8_ERROR_BOUND
+
+    ids, mask = prompt()
+    stock = _get_peft_model(fp8_model(), tmp_path)
+    without_lora = fp8_model()
+    apply_quietly(without_lora, precision="fp8")
+    model = _get_peft_model(fp8_model(), tmp_path)
+    report = apply_quietly(model, precision="fp8")
+    mlp = model.get_base_model().model.layers[0].mlp
+    assert not _fp8.is_quantized(mlp.gate_proj.base_layer) and _fp8.is_quantized(mlp.up_proj)
+    assert sum("inside the peft adapter layer" in reason for reason in report.skipped) == 2 * LAYERS  # gate, down
+    out, expected = logits(model, ids, mask), logits(stock, ids, mask)
+    assert rel(out, expected, mask) < rel(logits(without_lora, ids, mask), expected, mask)  # adapters apply
+    assert 0 < rel(out, expected, mask) <= FP8_ERROR_BOUND
