@@ -19,7 +19,12 @@ outputs are no further from fp32 than stock's. For other architectures only modu
 class name ends in ``RMSNorm`` are patched, each after checking on a random input that our
 op computes what its own forward does (plain or ``(1 + weight)``); the report says so.
 Patches are per instance, trace without graph breaks under ``torch.compile(fullgraph=True)``
-and are undone by :func:`remove`.
+and are undone by :func:`remove`. They compose, in either order, with peft LoRA adapters
+(projections are called as modules) and accelerate's offload hooks (``device_map`` offload,
+``dispatch_model``, ``cpu_offload``: patches go beneath the hooks, and the norm weight that
+the fused residual + norm reads is read between its hooks, see :mod:`ltx_kernels._patching`),
+and with a static cache and ``generate``'s compiled decoding. ``precision="fp8"`` on an
+offloaded model, or a LoRA adapter added after it, raises an error naming both.
 """
 
 from __future__ import annotations

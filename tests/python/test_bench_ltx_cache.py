@@ -11,17 +11,20 @@ from ltx_kernels.bench import ltx_cache  # noqa: E402
 STEPS = 4
 
 
+@pytest.mark.filterwarnings("ignore:ltx_kernels.diffusers.inject. not patched")  # the tiny linears under FP8
 def test_tiny_cpu_run(tmp_path, capsys):
     """A threshold at which the tiny random model's cache skips calls, so that the counts
-    are not trivially all-full; aot_eager stands in for inductor on the CPU."""
+    are not trivially all-full; aot_eager stands in for inductor on the CPU; the FP8 mode
+    runs on a fresh copy (the tiny model's 40-wide linears stay bf16: the path, not FP8)."""
     out = tmp_path / "cache.json"
     assert ltx_cache.main([
         "--config", "tiny", "--device", "cpu", "--frames", "9", "--height", "64", "--width", "96",
         "--steps", str(STEPS), "--threshold", "0.3", "--reps", "1", "--compile-backend", "aot_eager",
+        "--modes", *ltx_cache.DEFAULT_MODES, "ours-fp8+fbc",
         "--json", str(out), "--markdown", str(tmp_path / "cache.md"),
     ]) == 0
     rows = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
-    assert list(rows) == ltx_cache.DEFAULT_MODES
+    assert list(rows) == [*ltx_cache.DEFAULT_MODES, "ours-fp8+fbc"]
     for row in rows.values():
         assert row["transformer_calls"] == STEPS and 0 < row["full_evaluations"] < STEPS  # the cache skipped
         assert row["loop_ms"] > 0 and not row["evaluations_vary"] and row["graphs_compiled_while_timed"] == 0

@@ -303,6 +303,7 @@ def fp8_model():
     return tiny_model("llama", intermediate_size=128)  # features multiples of 16
 
 
+@pytest.mark.filterwarnings("ignore:Already found a `peft_config`")
 @pytest.mark.parametrize("api", ["add_adapter", "get_peft_model"])
 @torch.no_grad()
 def test_lora_after_fp8_raises_naming_both(api, tmp_path):

@@ -7,14 +7,16 @@ scheduler; random full-size weights, bf16, no text encoder or VAE) with diffuser
 ``FirstBlockCache(threshold=0.1)``, in one run, on one model: stock + cache, ours + cache
 (``ltx_kernels.diffusers.inject``), ours + cache + torch.compile
 (``compile_repeated_blocks``, not fullgraph: the cache decides on the host, each step,
-whether the remaining blocks run). Per mode: the loop's wall time (median of ``--reps``
-loops after ``--warmup`` loops, which compile: the first one the graphs of a full
-evaluation, the second those of the calls the cache cut short, and more), how many of the loop's transformer calls
-were full evaluations (the cache decided to run the remaining blocks: its other calls run
-the first block only), peak memory, and the final latents' error against stock + cache.
-The times compare one to one only when every mode did the same number of full
-evaluations: the output says whether they did. The speed-up target (issue 23) is
-ours + cache <= 0.70x stock + cache.
+whether the remaining blocks run); ``--modes`` adds stock + cache + compile and ours in
+FP8 (``inject(precision="fp8")``, one-way: on a fresh copy of the same random weights).
+Per mode: the loop's wall time (median of ``--reps`` loops after ``--warmup`` loops, which
+compile: the first one the graphs of a full evaluation, the second those of the calls the
+cache cut short, and more), how many of the loop's transformer calls were full evaluations
+(the cache decided to run the remaining blocks: its other calls run the first block only),
+peak memory (an FP8 mode's includes the bf16 model kept for the others), and the final
+latents' error against stock + cache. The times compare one to one only when every mode
+did the same number of full evaluations: the output says whether they did. The speed-up
+target (issue 23) is ours + cache <= 0.70x stock + cache.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 
 from ltx_kernels.bench import harness, ltx_models
 
-MODES = ["stock+fbc", "ours+fbc", "ours+fbc+compile", "stock+fbc+compile"]
+MODES = ["stock+fbc", "ours+fbc", "ours+fbc+compile", "stock+fbc+compile", "ours-fp8+fbc", "ours-fp8+fbc+compile"]
 DEFAULT_MODES = MODES[:3]
 BASELINE = "stock+fbc"
 
@@ -66,7 +68,7 @@ def set_mode(model, mode: str, threshold: float, backend: str) -> EvaluationCoun
 
     torch._dynamo.reset()
     if mode.startswith("ours"):
-        lkd.inject(model)
+        lkd.inject(model, precision="fp8" if mode.startswith("ours-fp8") else "bf16")
     model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
     if mode.endswith("+compile"):
         model.compile_repeated_blocks(fullgraph=False, backend=backend)
@@ -94,7 +96,8 @@ def _compiled_graphs() -> int:
 
 
 def run_mode(model, mode: str, args, device: torch.device) -> dict:
-    """Times ``args.reps`` denoising loops of ``mode`` after ``args.warmup`` loops."""
+    """Times ``args.reps`` denoising loops of ``mode`` after ``args.warmup`` loops; leaves
+    ``model`` stock, but for FP8 (one-way), which leaves it quantized."""
     pipe = ltx_models.random_pipeline(model)
     pipe.set_progress_bar_config(disable=True)
     embeds = ltx_models.prompt_embeds(model, batch=1)
@@ -128,7 +131,8 @@ def run_mode(model, mode: str, args, device: torch.device) -> dict:
             times.append((time.perf_counter() - t0) * 1e3)
             evaluations.add((counter.full, counter.calls))
         row["graphs_compiled_while_timed"] = _compiled_graphs() - graphs  # a recompile in a timed loop
-    reset_mode(model)
+    if "fp8" not in mode:
+        reset_mode(model)
     (row["full_evaluations"], row["transformer_calls"]), *others = sorted(evaluations)
     row["evaluations_vary"] = bool(others)  # the cache decided differently from one loop to the next
     row["loop_ms"] = statistics.median(times)
@@ -211,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     model = ltx_models.random_transformer(args.config, dtype, device)
     rows = []
     for mode in [BASELINE] + [m for m in args.modes if m != BASELINE]:
-        row = run_mode(model, mode, args, device)
+        # FP8 quantizes the weights: a fresh copy of the same random weights (the same seed).
+        fp8 = ltx_models.random_transformer(args.config, dtype, device) if "fp8" in mode else None
+        row = run_mode(model if fp8 is None else fp8, mode, args, device)
+        del fp8
         row["err_vs_stock_fbc"] = harness.rel_err(row["latents"], rows[0]["latents"] if rows else row["latents"])
         rows.append(row)
         print(f"{mode}: loop {row['loop_ms']:.0f} ms, {row['full_evaluations']} of {row['transformer_calls']} calls "
