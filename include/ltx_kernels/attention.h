@@ -63,6 +63,9 @@ struct AttentionParams {
   Strides4 mask_strides;  // seq = the query row stride; keys are contiguous
   void* out = nullptr;
   Strides4 out_strides;
+  // Compute capability of the GPU it runs on (major * 10 + minor): 90 takes the Hopper kernel
+  // (when built for sm_90a), anything else the portable sm_80 one. Sizes the workspace too.
+  int32_t arch = 0;
 };
 
 ValidationError validate(const AttentionParams& p);
@@ -74,8 +77,8 @@ void reference(const AttentionParams& p);
 // every row of q, k, v 16-byte aligned (base pointers and strides). nullptr when it does.
 ValidationError cuda_support(const AttentionParams& p);
 
-// Bytes of device scratch the CUDA launch needs (the 8-bit method's quantized q and k, their
-// block scales and K's channel sums); 0 for the exact path.
+// Bytes of device scratch the CUDA launch needs for p.arch (the 8-bit method's quantized q and
+// k, their block scales and K's channel sums; the Hopper kernel's transposed V).
 int64_t workspace_bytes(const AttentionParams& p);
 
 #ifdef LTX_KERNELS_WITH_CUDA

@@ -1,6 +1,6 @@
-// CUDA kernels of attention (include/ltx_kernels/attention.h), sm_80 and later: the portable
-// tensor-core kernel (mma.sync, FlashAttention-2's online softmax), correct on every shape the
-// op accepts; the Hopper wgmma/TMA kernel comes on top of it.
+// CUDA kernels of attention (include/ltx_kernels/attention.h): the 8-bit method's quantization
+// pass, the portable tensor-core kernel (sm_80 and later: mma.sync, FlashAttention-2's online
+// softmax), and the dispatch to the Hopper kernel (attention_sm90.cu) on sm_90.
 //
 // One CTA computes kBlockM query rows of one (batch, head), 16 rows per warp, walking the
 // keys in steps of kBlockN = kQuantBlock: the 8-bit method then has one q scale per warp and
@@ -23,8 +23,10 @@
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/reduce.cuh"
+#include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
 #include "ltx_kernels/quantize.h"  // kMinAmax
+#include "ops/attention_sm90.h"
 #include "ops/attention_workspace.h"
 #include "ops/host_util.h"
 
@@ -37,33 +39,6 @@ constexpr int kBlockM = 16 * kWarps;
 constexpr int kBlockN = kQuantBlock;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of ROW_BYTES-byte rows, XOR-
-// swizzled so that the 8 rows an ldmatrix reads at one chunk column fall in 8 different
-// bank groups (and so do the 16-byte cp.async writes).
-template <int ROW_BYTES>
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  static_assert(ROW_BYTES % 64 == 0);
-  constexpr int kRowsPerLine = ROW_BYTES >= 128 ? 1 : 128 / ROW_BYTES;
-  constexpr int kPhases = 8 / kRowsPerLine;
-  return row * ROW_BYTES + ((chunk ^ ((row / kRowsPerLine) % kPhases)) << 4);
-}
-
-// Rows [row0, row0 + ROWS) of a matrix of `rows` rows of ROW_BYTES bytes, `stride` bytes
-// apart, copied asynchronously into a swizzled tile; rows past the end become zeros.
-template <int ROWS, int ROW_BYTES>
-__device__ __forceinline__ void load_tile(uint32_t tile, const char* base, int64_t stride, int row0, int rows) {
-  constexpr int kChunks = ROW_BYTES / 16;
-  static_assert(ROWS * kChunks % kThreads == 0);
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
-    const int index = threadIdx.x + i * kThreads;
-    const int r = index / kChunks, c = index % kChunks;
-    const bool valid = row0 + r < rows;
-    const char* src = valid ? base + static_cast<int64_t>(row0 + r) * stride + c * 16 : base;
-    core::cp_async_16(tile + swizzled<ROW_BYTES>(r, c), src, valid);
-  }
-}
-
 template <typename T, int D, bool INT8>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams p, const AttentionWorkspace w) {
   using QK = std::conditional_t<INT8, int8_t, T>;
@@ -73,10 +48,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   constexpr int kQKSteps = kQKRow / 32;  // mma k-steps over head_dim: 32 bytes each
   constexpr int kNTiles = kBlockN / 8;   // 8-key tiles of scores per step
   constexpr int kDTiles = D / 8;         // 8-column tiles of the output
-  extern __shared__ __align__(128) char smem[];
-  const uint32_t s_q = core::smem_addr(smem);
-  const uint32_t s_k = s_q + kBlockM * kQKRow;
-  const uint32_t s_v = s_k + 2 * kBlockN * kQKRow;
+  using QTile = core::SmemTile<kBlockM, kQKRow>;
+  using KTile = core::SmemTile<kBlockN, kQKRow>;
+  using VTile = core::SmemTile<kBlockN, kVRow>;
+  extern __shared__ char smem[];
+  const uint32_t s_q = (core::smem_addr(smem) + 1023) & ~1023u;  // the swizzle's phase
+  const uint32_t s_k = s_q + QTile::kBytes;
+  const uint32_t s_v = s_k + 2 * KTile::kBytes;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;  // the fragment's row group and thread in group
@@ -105,10 +83,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
 
   const int steps = (seq_k + kBlockN - 1) / kBlockN;
-  load_tile<kBlockM, kQKRow>(s_q, q_src, q_stride, m0, seq_q);
+  QTile::load<kThreads>(s_q, q_src, q_stride, m0, seq_q);
   if (steps > 0) {
-    load_tile<kBlockN, kQKRow>(s_k, k_src, k_stride, 0, seq_k);
-    load_tile<kBlockN, kVRow>(s_v, v_src, v_stride, 0, seq_k);
+    KTile::load<kThreads>(s_k, k_src, k_stride, 0, seq_k);
+    VTile::load<kThreads>(s_v, v_src, v_stride, 0, seq_k);
   }
   core::cp_async_commit();
   core::cp_async_wait<0>();
@@ -117,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   uint32_t qf[kQKSteps][4];  // this warp's 16 query rows, as mma A fragments
 #pragma unroll
   for (int s = 0; s < kQKSteps; ++s)
-    core::ldmatrix_x4(qf[s], s_q + swizzled<kQKRow>(warp * 16 + lane % 16, 2 * s + lane / 16));
+    core::ldmatrix_x4(qf[s], s_q + QTile::offset(warp * 16 + lane % 16, 2 * s + lane / 16));
 
   // Rows g and g + 8 of the warp's 16: running max (log2 units), this thread's partial row
   // sum, and the output accumulators o[tile][0..1] (row g), o[tile][2..3] (row g + 8).
@@ -128,22 +106,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
     if (step + 1 < steps) {
-      load_tile<kBlockN, kQKRow>(s_k + (stage ^ 1) * kBlockN * kQKRow, k_src, k_stride, (step + 1) * kBlockN, seq_k);
-      load_tile<kBlockN, kVRow>(s_v + (stage ^ 1) * kBlockN * kVRow, v_src, v_stride, (step + 1) * kBlockN, seq_k);
+      KTile::load<kThreads>(s_k + (stage ^ 1) * KTile::kBytes, k_src, k_stride, (step + 1) * kBlockN, seq_k);
+      VTile::load<kThreads>(s_v + (stage ^ 1) * VTile::kBytes, v_src, v_stride, (step + 1) * kBlockN, seq_k);
     }
     core::cp_async_commit();
     core::cp_async_wait<1>();  // this step's tiles have landed (the next step's may not)
     __syncthreads();
 
     Acc acc[kNTiles][4] = {};
-    const uint32_t k_tile = s_k + stage * kBlockN * kQKRow;
+    const uint32_t k_tile = s_k + stage * KTile::kBytes;
 #pragma unroll
     for (int j = 0; j < kNTiles; j += 2) {
 #pragma unroll
       for (int s = 0; s < kQKSteps; ++s) {
         uint32_t kb[4];  // B fragments of key tiles j and j + 1
         const int mi = lane / 8;
-        core::ldmatrix_x4(kb, k_tile + swizzled<kQKRow>((j + mi / 2) * 8 + lane % 8, 2 * s + mi % 2));
+        core::ldmatrix_x4(kb, k_tile + KTile::offset((j + mi / 2) * 8 + lane % 8, 2 * s + mi % 2));
         if constexpr (INT8) {
           core::mma_16832_s8(acc[j], qf[s], kb[0], kb[1]);
           core::mma_16832_s8(acc[j + 1], qf[s], kb[2], kb[3]);
@@ -199,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
 
     // o += P V: P's accumulator layout of two adjacent key tiles is the A fragment of one
     // 16-key k-step; V's B fragments come from ldmatrix.trans of the row-major tile.
-    const uint32_t v_tile = s_v + stage * kBlockN * kVRow;
+    const uint32_t v_tile = s_v + stage * VTile::kBytes;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t pa[4] = {core::pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), core::pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
@@ -209,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       for (int t = 0; t < kDTiles; t += 2) {
         uint32_t vb[4];  // B fragments of output tiles t and t + 1
         const int mi = lane / 8;
-        core::ldmatrix_x4_trans(vb, v_tile + swizzled<kVRow>(kk * 16 + (mi % 2) * 8 + lane % 8, t + mi / 2));
+        core::ldmatrix_x4_trans(vb, v_tile + VTile::offset(kk * 16 + (mi % 2) * 8 + lane % 8, t + mi / 2));
         core::mma_16816<T>(o[t], pa, vb[0], vb[1]);
         core::mma_16816<T>(o[t + 1], pa, vb[2], vb[3]);
       }
@@ -338,7 +316,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_block_kernel(const Att
 template <typename T, int D, bool INT8>
 cudaError_t launch_attention(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
   constexpr int kQKRow = D * (INT8 ? 1 : 2);
-  constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * kBlockN * D * 2;
+  constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * kBlockN * D * 2 + 1024;  // + base alignment
   const auto kernel = attention_kernel<T, D, INT8>;
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (error != cudaSuccess) return error;
@@ -350,18 +328,22 @@ cudaError_t launch_attention(const AttentionParams& p, const AttentionWorkspace&
 
 template <typename T, int D>
 cudaError_t launch_typed(const AttentionParams& p, void* workspace, cudaStream_t stream) {
-  if (p.precision == AttentionPrecision::kExact) return launch_attention<T, D, false>(p, {}, stream);
   const AttentionWorkspace w = attention_workspace(p, workspace);
-  const auto grid = [&](int64_t count, int64_t heads) {
-    return dim3(static_cast<unsigned>(count), static_cast<unsigned>(heads), static_cast<unsigned>(p.batch));
-  };
-  if (p.seq_k > 0) {
-    k_sums_kernel<T, D><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
-    quantize_block_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+  const bool int8 = p.precision == AttentionPrecision::kInt8QK;
+  if (int8) {
+    const auto grid = [&](int64_t count, int64_t heads) {
+      return dim3(static_cast<unsigned>(count), static_cast<unsigned>(heads), static_cast<unsigned>(p.batch));
+    };
+    if (p.seq_k > 0) {
+      k_sums_kernel<T, D><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+      quantize_block_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+    }
+    quantize_block_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) return error;
   }
-  quantize_block_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
-  const cudaError_t error = cudaGetLastError();
-  return error != cudaSuccess ? error : launch_attention<T, D, true>(p, w, stream);
+  if (uses_hopper_kernel(p)) return launch_hopper(p, w, stream);
+  return int8 ? launch_attention<T, D, true>(p, w, stream) : launch_attention<T, D, false>(p, w, stream);
 }
 
 template <typename T>
@@ -374,7 +356,7 @@ cudaError_t launch_dim(const AttentionParams& p, void* workspace, cudaStream_t s
 cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t stream) {
   if (validate(p) != nullptr || cuda_support(p) != nullptr) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.seq_q == 0) return cudaSuccess;
-  if (p.precision == AttentionPrecision::kInt8QK && workspace == nullptr) return cudaErrorInvalidValue;
+  if (workspace_bytes(p) > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, workspace, stream)
                                      : launch_dim<__half>(p, workspace, stream);
 }

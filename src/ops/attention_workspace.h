@@ -1,7 +1,9 @@
-// Device scratch of the 8-bit attention method, carved from one buffer: q and k in INT8 in
-// blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32 scale per
-// block, and K's per-channel sums in fp64 over chunks of kMeanChunk keys (summed in a fixed
-// order by the k quantization, so the mean is deterministic).
+// Device scratch of the attention kernels, carved from one buffer. The 8-bit method: q and k
+// in INT8 in blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32
+// scale per block, and K's per-channel sums in fp64 over chunks of kMeanChunk keys (summed in
+// a fixed order by the k quantization, so the mean is deterministic). The Hopper kernel: V
+// transposed to [D, keys] (keys padded to kHopperBlockN with zeros), the K-major B operand its
+// PV wgmma reads.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,16 @@
 namespace ltx_kernels {
 
 constexpr int64_t kMeanChunk = 512;
+constexpr int64_t kHopperBlockN = 128;  // keys per step of the Hopper kernel
+
+// Whether p runs on the Hopper kernel: an sm_90 GPU and a build for sm_90a.
+inline bool uses_hopper_kernel(const AttentionParams& p) {
+#ifdef LTX_KERNELS_SM90A
+  return p.arch / 10 == 9;
+#else
+  return false;
+#endif
+}
 
 struct AttentionWorkspace {
   int64_t q_blocks = 0;  // per (batch, head)
@@ -22,16 +34,14 @@ struct AttentionWorkspace {
   float* q_scale = nullptr;  // [B, Hq, q_blocks]
   float* k_scale = nullptr;  // [B, Hkv, k_blocks]
   double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
+  int64_t v_keys = 0;         // keys of vt per (batch, head), a multiple of kHopperBlockN
+  void* vt = nullptr;         // [B, Hkv, D, v_keys] in q's dtype
   int64_t bytes = 0;
 };
 
 // The layout for p inside `base` (nullptr: sizes only).
 inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* base) {
   AttentionWorkspace w;
-  if (p.precision != AttentionPrecision::kInt8QK) return w;
-  w.q_blocks = host_util::ceil_div(p.seq_q, kQuantBlock);
-  w.k_blocks = host_util::ceil_div(p.seq_k, kQuantBlock);
-  w.k_chunks = host_util::ceil_div(p.seq_k, kMeanChunk);
   char* at = static_cast<char*>(base);
   const auto take = [&](int64_t bytes) {
     char* ptr = at == nullptr ? nullptr : at + w.bytes;
@@ -39,6 +49,14 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
     return ptr;
   };
   const int64_t bq = p.batch * p.heads_q, bk = p.batch * p.heads_kv;
+  if (uses_hopper_kernel(p)) {
+    w.v_keys = host_util::ceil_div(p.seq_k, kHopperBlockN) * kHopperBlockN;
+    w.vt = take(bk * p.head_dim * w.v_keys * dtype_size(p.dtype));
+  }
+  if (p.precision != AttentionPrecision::kInt8QK) return w;
+  w.q_blocks = host_util::ceil_div(p.seq_q, kQuantBlock);
+  w.k_blocks = host_util::ceil_div(p.seq_k, kQuantBlock);
+  w.k_chunks = host_util::ceil_div(p.seq_k, kMeanChunk);
   w.q8 = reinterpret_cast<int8_t*>(take(bq * w.q_blocks * kQuantBlock * p.head_dim));
   w.k8 = reinterpret_cast<int8_t*>(take(bk * w.k_blocks * kQuantBlock * p.head_dim));
   w.q_scale = reinterpret_cast<float*>(take(bq * w.q_blocks * 4));

@@ -12,6 +12,10 @@
 #include "torch/common.h"
 #include "torch/registration.h"
 
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 namespace ltx_kernels::torch_ext {
 namespace {
 
@@ -128,7 +132,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   check_compute_capability(q, 80, "attention", "has no mma.sync tensor cores (Ampere and newer have them)");
   const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
   const at::Tensor q16 = rows_aligned(q), k16 = rows_aligned(k), v16 = rows_aligned(v);
-  const AttentionParams p = params_of(q16, k16, v16, mask, scale, precision, out);
+  AttentionParams p = params_of(q16, k16, v16, mask, scale, precision, out);
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
+  p.arch = prop->major * 10 + prop->minor;
   if (ValidationError error = cuda_support(p)) TORCH_CHECK_VALUE(false, "attention: ", error);
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor workspace = at::empty({workspace_bytes(p)}, q.options().dtype(at::kByte));

@@ -1,4 +1,5 @@
-// The CUDA attention kernel (both precisions) vs the CPU reference; skipped without a GPU.
+// The CUDA attention kernels (both precisions) vs the CPU reference; skipped without a GPU.
+// On a Hopper GPU both the Hopper kernel and the portable one run (AttentionParams::arch picks).
 // Small shapes, so that compute-sanitizer (memcheck, racecheck) can run them too.
 #include <gtest/gtest.h>
 
@@ -25,7 +26,16 @@ struct Case {
   DType dtype;
   int64_t batch, heads_q, heads_kv, seq_q, seq_k, dim;
   bool mask;  // key padding in batch 1, one fully masked row in batch 0, random elsewhere
+  int arch;   // the kernel: 90 Hopper, 80 portable
 };
+
+int device_arch() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
+}
 
 Strides4 contiguous(int64_t heads, int64_t seq, int64_t dim) { return {heads * seq * dim, seq * dim, dim}; }
 
@@ -39,7 +49,7 @@ void check_case(const Case& c) {
   SCOPED_TRACE(testing::Message() << "precision " << static_cast<int>(c.precision) << " dtype "
                                   << dtype_name(c.dtype) << " B " << c.batch << " Hq " << c.heads_q << " Hkv "
                                   << c.heads_kv << " Sq " << c.seq_q << " Sk " << c.seq_k << " D " << c.dim
-                                  << " mask " << c.mask);
+                                  << " mask " << c.mask << " arch " << c.arch);
   std::mt19937 rng(static_cast<unsigned>(c.seq_q * 131 + c.seq_k * 7 + c.dim));
   const int64_t q_count = c.batch * c.heads_q * c.seq_q * c.dim, kv_count = c.batch * c.heads_kv * c.seq_k * c.dim;
   const auto q = random_buffer(q_count, c.dtype, rng), k = random_buffer(kv_count, c.dtype, rng),
@@ -72,6 +82,7 @@ void check_case(const Case& c) {
   p.q_strides = p.out_strides = contiguous(c.heads_q, c.seq_q, c.dim);
   p.k_strides = p.v_strides = contiguous(c.heads_kv, c.seq_k, c.dim);
   p.mask_strides = {c.seq_q * c.seq_k, 0, c.seq_k};
+  p.arch = c.arch;
 
   DeviceBuffer dq(q), dk(k), dv(v), dmask(mask_bytes);
   DeviceBuffer dout(std::vector<uint8_t>(q.size(), 0xff));  // NaN bytes: unwritten elements fail
@@ -106,13 +117,18 @@ void check_case(const Case& c) {
 
 TEST(AttentionCuda, MatchesReference) {
   if (!has_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (AttentionPrecision precision : {AttentionPrecision::kExact, AttentionPrecision::kInt8QK}) {
-    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-      check_case({precision, dtype, 1, 1, 1, 1, 1, 64, false});
-      check_case({precision, dtype, 2, 2, 1, 7, 129, 128, false});
-      check_case({precision, dtype, 1, 4, 2, 129, 70, 64, false});
-      check_case({precision, dtype, 2, 2, 2, 65, 200, 128, true});
-      check_case({precision, dtype, 2, 1, 1, 130, 64, 64, true});
+  std::vector<int> archs = {80};
+  if (device_arch() / 10 == 9) archs.push_back(device_arch());
+  for (int arch : archs) {
+    for (AttentionPrecision precision : {AttentionPrecision::kExact, AttentionPrecision::kInt8QK}) {
+      for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        check_case({precision, dtype, 1, 1, 1, 1, 1, 64, false, arch});
+        check_case({precision, dtype, 2, 2, 1, 7, 129, 128, false, arch});
+        check_case({precision, dtype, 1, 4, 2, 129, 70, 64, false, arch});
+        check_case({precision, dtype, 2, 2, 2, 65, 200, 128, true, arch});
+        check_case({precision, dtype, 2, 1, 1, 130, 64, 64, true, arch});
+        check_case({precision, dtype, 1, 2, 2, 300, 390, 64, false, arch});
+      }
     }
   }
 }

@@ -1,0 +1,338 @@
+// The Hopper attention kernel (sm_90a): both GEMMs on wgmma, CuTe's MMA atoms and descriptors.
+//
+// One CTA of two warpgroups computes kBlockM = 128 query rows of one (batch, head), 64 per
+// warpgroup (wgmma's M), walking the keys kBlockN = 128 at a time. S = Q K^T reads Q and K
+// from shared memory (bf16/fp16 m64n128k16, or INT8 m64n128k32 with exact int32 sums for the
+// 8-bit method); the online softmax runs on the accumulators in registers (as the portable
+// kernel's, FlashAttention's); P, rounded to the input dtype, stays in registers as the A
+// operand of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small
+// pass first (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). K and V^T
+// tiles are double-buffered with cp.async; all 256 threads load, then compute.
+// Next steps (the issue's design): TMA loads by a producer warp, softmax of one warpgroup
+// overlapped with the other's GEMMs, FP8 P V, persistent scheduling.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "ops/attention_sm90.h"
+
+#ifdef LTX_KERNELS_SM90A
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "core/convert.cuh"
+#include "core/mma.cuh"
+#include "core/smem_tile.cuh"
+#include "ops/host_util.h"
+#endif
+
+namespace ltx_kernels {
+
+#ifdef LTX_KERNELS_SM90A
+namespace {
+
+namespace gmma = cute::SM90::GMMA;
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kBlockM = 128;
+constexpr int kBlockN = static_cast<int>(kHopperBlockN);
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kBlockN % kQuantBlock == 0 && kQuantBlock == 64, "k scales: two per step; q scale: one per warpgroup");
+
+// Descriptor of the wgmma operand held in TILE (K-major, rows = M or N), from row `row0`,
+// starting `k_byte` bytes into the rows: the column block holding that byte, then the 8-row
+// core-matrix groups 8 * W bytes apart; LBO is unused by swizzled K-major layouts.
+template <class TILE>
+__device__ __forceinline__ uint64_t descriptor(uint32_t tile, int row0, int k_byte) {
+  cute::GmmaDescriptor d;
+  const uint32_t addr = tile + (k_byte / TILE::kWidth) * TILE::kRows * TILE::kWidth + row0 * TILE::kWidth +
+                        k_byte % TILE::kWidth;
+  d.bitfield.start_address_ = static_cast<uint16_t>(addr >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
+  return d.desc_;
+}
+
+template <typename T, bool INT8>
+struct QKMma;  // m64 n128: 64 query rows x 128 keys
+template <>
+struct QKMma<__nv_bfloat16, false> { using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct QKMma<__half, false> { using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
+template <typename T>
+struct QKMma<T, true> { using type = gmma::MMA_64x128x32_S32S8S8_SS_TN; };
+
+template <typename T, int D>
+struct PVMma;  // m64 nD k16, A (P) in registers
+template <>
+struct PVMma<__nv_bfloat16, 64> { using type = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct PVMma<__nv_bfloat16, 128> { using type = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct PVMma<__half, 64> { using type = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct PVMma<__half, 128> { using type = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::K>; };
+
+// The atoms take each accumulator register as an argument.
+template <class MMA, typename Acc, size_t... I>
+__device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, Acc* d, gmma::ScaleOut scale, std::index_sequence<I...>) {
+  MMA::fma(a, b, d[I]..., scale);
+}
+template <class MMA, size_t... I>
+__device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float* d, std::index_sequence<I...>) {
+  MMA::fma(a[0], a[1], a[2], a[3], b, d[I]..., gmma::ScaleOut::One);
+}
+
+template <typename Acc, int N>
+__device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(regs[i]);
+}
+
+// wgmma reads shared memory through the async proxy: make this thread's cp.async writes
+// visible to it (then a barrier makes every thread's).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+template <typename T, int D, bool INT8>
+__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionParams p, const AttentionWorkspace w) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  using QK = std::conditional_t<INT8, int8_t, T>;
+  using Acc = std::conditional_t<INT8, uint32_t, float>;
+  constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
+  constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
+  using QTile = core::SmemTile<kBlockM, kQKRow>;
+  using KTile = core::SmemTile<kBlockN, kQKRow>;
+  using VTile = core::SmemTile<D, kBlockN * 2>;  // V^T: D rows of kBlockN keys
+  extern __shared__ char smem[];
+  const uint32_t s_q = (core::smem_addr(smem) + 1023) & ~1023u;  // the swizzle's phase
+  const uint32_t s_k = s_q + QTile::kBytes;
+  const uint32_t s_v = s_k + 2 * KTile::kBytes;
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tig = lane % 4;
+  const int64_t b = blockIdx.z;
+  const int h = blockIdx.y, hk = h / static_cast<int>(p.heads_q / p.heads_kv);
+  const int m0 = blockIdx.x * kBlockM;
+  const int seq_q = static_cast<int>(p.seq_q), seq_k = static_cast<int>(p.seq_k);
+
+  const char *q_src, *k_src;
+  int64_t q_stride, k_stride;
+  float q_factor = p.scale * kLog2e;
+  if constexpr (INT8) {
+    q_src = reinterpret_cast<const char*>(w.q8 + (b * p.heads_q + h) * w.q_blocks * kQuantBlock * D);
+    k_src = reinterpret_cast<const char*>(w.k8 + (b * p.heads_kv + hk) * w.k_blocks * kQuantBlock * D);
+    q_stride = k_stride = D;
+    const int q_block = min((m0 + 64 * wg) / kQuantBlock, static_cast<int>(w.q_blocks) - 1);
+    q_factor *= w.q_scale[(b * p.heads_q + h) * w.q_blocks + q_block];
+  } else {
+    q_src = static_cast<const char*>(p.q) + (b * p.q_strides.batch + h * p.q_strides.head) * sizeof(T);
+    k_src = static_cast<const char*>(p.k) + (b * p.k_strides.batch + hk * p.k_strides.head) * sizeof(T);
+    q_stride = p.q_strides.seq * sizeof(T);
+    k_stride = p.k_strides.seq * sizeof(T);
+  }
+  const char* vt = static_cast<const char*>(w.vt) + (b * p.heads_kv + hk) * D * w.v_keys * sizeof(T);
+  const int64_t vt_stride = w.v_keys * sizeof(T);
+  const float* k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
+  const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
+
+  const int steps = (seq_k + kBlockN - 1) / kBlockN;
+  QTile::template load<kThreads>(s_q, q_src, q_stride, m0, seq_q);
+  if (steps > 0) {
+    KTile::template load<kThreads>(s_k, k_src, k_stride, 0, seq_k);
+    VTile::template load<kThreads>(s_v, vt, vt_stride, 0, D);
+  }
+  core::cp_async_commit();
+
+  // Rows g and g + 8 of this warp's 16: running max (log2 units), this thread's partial row
+  // sum; o[4 t + e]: output columns 8 t + 2 tig + e % 2 of row g + 8 (e / 2).
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float o[D / 2] = {};
+  const int row_lo = m0 + 64 * wg + 16 * warp + g;
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    if (step + 1 < steps) {
+      const int n1 = (step + 1) * kBlockN;
+      KTile::template load<kThreads>(s_k + (stage ^ 1) * KTile::kBytes, k_src, k_stride, n1, seq_k);
+      VTile::template load<kThreads>(s_v + (stage ^ 1) * VTile::kBytes, vt + n1 * sizeof(T), vt_stride, 0, D);
+    }
+    core::cp_async_commit();
+    core::cp_async_wait<1>();  // this step's tiles (and Q) have landed
+    fence_proxy_async();
+    __syncthreads();
+
+    Acc s[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = 0;
+    fence_operands(s);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int ks = 0; ks < kQKSteps; ++ks) {
+      mma_ss<typename QKMma<T, INT8>::type>(descriptor<QTile>(s_q, 64 * wg, 32 * ks),
+                                            descriptor<KTile>(s_k + stage * KTile::kBytes, 0, 32 * ks), s,
+                                            ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                                            std::make_index_sequence<64>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_operands(s);
+
+    // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
+    // n0 + 8 i + 2 tig + e % 2.
+    const int n0 = step * kBlockN;
+    float sc[64];
+    float step_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float factor = q_factor;
+      if constexpr (INT8) factor *= k_scale[min(2 * step + i / 8, static_cast<int>(w.k_blocks) - 1)];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row_lo + 8 * (e / 2), key = n0 + 8 * i + 2 * tig + e % 2;
+        float x;
+        if constexpr (INT8) {
+          x = static_cast<float>(static_cast<int32_t>(s[4 * i + e])) * factor;
+        } else {
+          x = s[4 * i + e] * factor;
+        }
+        if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
+        if (key >= seq_k) x = -INFINITY;
+        sc[4 * i + e] = x;
+        step_max[e / 2] = fmaxf(step_max[e / 2], x);
+      }
+    }
+    float base[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 1));
+      step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 2));
+      // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
+      base[r] = step_max[r] == -INFINITY ? 0.0f : step_max[r];
+      alpha[r] = exp2f(row_max[r] - base[r]);
+      row_max[r] = step_max[r];
+      row_sum[r] *= alpha[r];
+    }
+    // P as the A fragments of 8 k-steps of 16 keys: the accumulator layout of two adjacent
+    // 8-key tiles is the A layout of one k-step.
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        sc[4 * i + e] = exp2f(sc[4 * i + e] - base[e / 2]);
+        row_sum[e / 2] += sc[4 * i + e];
+      }
+      pa[i / 2][2 * (i % 2)] = core::pack2<T>(sc[4 * i], sc[4 * i + 1]);
+      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(sc[4 * i + 2], sc[4 * i + 3]);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+
+    fence_operands(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v + stage * VTile::kBytes, 0, 32 * kk), o,
+                                         std::make_index_sequence<D / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_operands(o);
+    __syncthreads();  // both warpgroups are done with this stage before the next step refills it
+  }
+
+  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float total = row_sum[r];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const int row = row_lo + 8 * r;
+    if (row >= seq_q) continue;
+    const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      const float x0 = total == 0.0f ? 0.0f : o[4 * t + 2 * r] * inv;
+      const float x1 = total == 0.0f ? 0.0f : o[4 * t + 2 * r + 1] * inv;
+      *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * t + 2 * tig) = core::pack2<T>(x0, x1);
+    }
+  }
+#endif
+}
+
+// V [keys, D] of one (batch, kv head) -> w.vt [D, v_keys], 64 keys per CTA through shared
+// memory; keys past the end are written as zeros (their P is 0, and 0 * garbage could be NaN).
+constexpr int kTransposeKeys = 64;
+constexpr int kTransposeThreads = 256;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kTransposeThreads) transpose_v_kernel(const AttentionParams p,
+                                                                        const AttentionWorkspace w) {
+  constexpr int kPitch = D + 8;  // elements; keeps rows 16-byte aligned, spreads the banks
+  __shared__ __align__(16) T tile[kTransposeKeys][kPitch];
+  const int64_t b = blockIdx.z, hk = blockIdx.y, key0 = static_cast<int64_t>(blockIdx.x) * kTransposeKeys;
+  const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+  for (int i = threadIdx.x; i < kTransposeKeys * D / 8; i += kTransposeThreads) {
+    const int r = i / (D / 8), c = i % (D / 8);
+    uint4 chunk = make_uint4(0, 0, 0, 0);
+    if (key0 + r < p.seq_k) chunk = *reinterpret_cast<const uint4*>(v + (key0 + r) * p.v_strides.seq + 8 * c);
+    *reinterpret_cast<uint4*>(&tile[r][8 * c]) = chunk;
+  }
+  __syncthreads();
+  T* vt = static_cast<T*>(w.vt) + (b * p.heads_kv + hk) * D * w.v_keys + key0;
+  for (int i = threadIdx.x; i < D * kTransposeKeys / 8; i += kTransposeThreads) {
+    const int d = i / (kTransposeKeys / 8), c = i % (kTransposeKeys / 8);
+    alignas(16) T chunk[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) chunk[e] = tile[8 * c + e][d];
+    *reinterpret_cast<uint4*>(vt + d * w.v_keys + 8 * c) = *reinterpret_cast<const uint4*>(chunk);
+  }
+}
+
+template <typename T, int D, bool INT8>
+cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
+  constexpr int kQKRow = D * (INT8 ? 1 : 2);
+  constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * D * kBlockN * 2 + 1024;  // + base alignment
+  const auto kernel = hopper_kernel<T, D, INT8>;
+  cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (error != cudaSuccess) return error;
+  const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, kBlockM)), static_cast<unsigned>(p.heads_q),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, w);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_typed(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
+  if (p.seq_k > 0) {
+    const dim3 grid(static_cast<unsigned>(w.v_keys / kTransposeKeys), static_cast<unsigned>(p.heads_kv),
+                    static_cast<unsigned>(p.batch));
+    transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(p, w);
+  }
+  return p.precision == AttentionPrecision::kInt8QK ? launch_kernel<T, D, true>(p, w, stream)
+                                                    : launch_kernel<T, D, false>(p, w, stream);
+}
+
+template <typename T>
+cudaError_t launch_dim(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
+  return p.head_dim == 64 ? launch_typed<T, 64>(p, w, stream) : launch_typed<T, 128>(p, w, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
+  if (!uses_hopper_kernel(p) || (p.seq_k > 0 && w.vt == nullptr)) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, w, stream) : launch_dim<__half>(p, w, stream);
+}
+#else
+cudaError_t launch_hopper(const AttentionParams&, const AttentionWorkspace&, cudaStream_t) {
+  return cudaErrorNotSupported;  // built without sm_90a
+}
+#endif
+
+}  // namespace ltx_kernels

@@ -1,0 +1,15 @@
+// The Hopper (sm_90a) attention kernel, attention_sm90.cu: wgmma with operands in shared memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ltx_kernels/attention.h"
+#include "ops/attention_workspace.h"
+
+namespace ltx_kernels {
+
+// Transposes V into w.vt, then runs the kernel; for the 8-bit method q and k must already be
+// quantized into w. Requires uses_hopper_kernel(p).
+cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream);
+
+}  // namespace ltx_kernels
