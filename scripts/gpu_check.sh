@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
 # time per command is limited (stages: cpp sanitize py bench attention e2e cache llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
@@ -32,7 +32,7 @@ gtest_flag=()
 if cmake -S . -B build/cpp -G Ninja -DLTX_KERNELS_TORCH=OFF -DLTX_KERNELS_TESTS=ON \
      -DLTX_KERNELS_CUDA=ON "${gtest_flag[@]}" > "$out/cmake.log" 2>&1 \
    && cmake --build build/cpp >> "$out/cmake.log" 2>&1; then
-  (cd build/cpp && ctest --output-on-failure 2>&1 | tail -15) || status=1
+  (cd build/cpp && ctest --output-on-failure -R "${GPU_CHECK_CTEST:-.}" 2>&1 | tail -15) || status=1
 else
   tail -30 "$out/cmake.log"; status=1
 fi
