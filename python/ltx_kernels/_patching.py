@@ -185,10 +185,12 @@ def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfu
     tensor subclass (:func:`is_library_tensor`: a torchao-quantized weight), which only its
     library computes with. A module whose base forward is our own patch counts as unhooked.
     Without hooks this is ``fused()`` after a look at each module's ``__dict__``, hook dicts
-    and parameter types (what torch.compile traces).
+    and parameter types (what torch.compile traces); that holds for a module that is itself
+    patched (its forward ours, with no hook around it: an FP8 linear, a transformers norm).
     """
     if all(
-        "forward" not in m.__dict__ and not m._forward_hooks and not m._forward_pre_hooks and not is_library_owned(m)
+        ("forward" not in m.__dict__ or _is_our_forward(m, m.__dict__["forward"]))
+        and not m._forward_hooks and not m._forward_pre_hooks and not is_library_owned(m)
         for m in modules
     ):
         return fused()
