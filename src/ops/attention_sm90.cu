@@ -1,15 +1,15 @@
 // The Hopper attention kernel (sm_90a): both GEMMs on wgmma, CuTe's MMA atoms and descriptors.
 //
-// One CTA of two warpgroups computes kBlockM = 128 query rows of one (batch, head), 64 per
-// warpgroup (wgmma's M), walking the keys kBlockN = 128 at a time. S = Q K^T reads Q and K
-// from shared memory (bf16/fp16 m64n128k16, or INT8 m64n128k32 with exact int32 sums for the
-// 8-bit method); the online softmax runs on the accumulators in registers (as the portable
-// kernel's, FlashAttention's); P, rounded to the input dtype, stays in registers as the A
-// operand of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small
-// pass first (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). K and V^T
-// tiles are double-buffered with cp.async; all 256 threads load, then compute.
-// Next steps (the issue's design): TMA loads by a producer warp, softmax of one warpgroup
-// overlapped with the other's GEMMs, FP8 P V, persistent scheduling.
+// One CTA of one warpgroup computes kBlockM = 64 query rows (wgmma's M) of one (batch, head),
+// walking the keys BLOCK_N at a time (128 for head_dim 64, 64 for 128). S = Q K^T reads Q and
+// K from shared memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit
+// method); the online softmax runs on the accumulators in registers (as the portable kernel's,
+// FlashAttention's); P, rounded to the input dtype, stays in registers as the A operand of
+// O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small pass first
+// (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). K and V^T tiles are
+// double-buffered with cp.async. Two CTAs fit on an SM (registers and shared memory), so one's
+// softmax overlaps the other's GEMMs. Next steps (the issue's design): TMA loads by a producer
+// warp, explicit ping-pong of two consumer warpgroups, FP8 P V, persistent scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -36,11 +36,20 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kThreads = 256;  // two warpgroups
-constexpr int kBlockM = 128;
-constexpr int kBlockN = static_cast<int>(kHopperBlockN);
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kBlockM = 64;
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBlockN % kQuantBlock == 0 && kQuantBlock == 64, "k scales: two per step; q scale: one per warpgroup");
+static_assert(kBlockM == kQuantBlock, "one q scale per CTA");
+
+// Keys per step: as many as two CTAs per SM leave registers and shared memory for.
+constexpr int block_n(int d) { return d == 64 ? 128 : 64; }
+static_assert(kHopperBlockN % block_n(64) == 0 && kHopperBlockN % block_n(128) == 0, "V^T padding");
+
+__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Descriptor of the wgmma operand held in TILE (K-major, rows = M or N), from row `row0`,
 // starting `k_byte` bytes into the rows: the column block holding that byte, then the 8-row
@@ -58,14 +67,20 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t tile, int row0, int k_by
   return d.desc_;
 }
 
-template <typename T, bool INT8>
-struct QKMma;  // m64 n128: 64 query rows x 128 keys
+template <typename T, bool INT8, int N>
+struct QKMma;  // m64 nN: 64 query rows x N keys
 template <>
-struct QKMma<__nv_bfloat16, false> { using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
+struct QKMma<__nv_bfloat16, false, 128> { using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
 template <>
-struct QKMma<__half, false> { using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
+struct QKMma<__nv_bfloat16, false, 64> { using type = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct QKMma<__half, false, 128> { using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
+template <>
+struct QKMma<__half, false, 64> { using type = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
 template <typename T>
-struct QKMma<T, true> { using type = gmma::MMA_64x128x32_S32S8S8_SS_TN; };
+struct QKMma<T, true, 128> { using type = gmma::MMA_64x128x32_S32S8S8_SS_TN; };
+template <typename T>
+struct QKMma<T, true, 64> { using type = gmma::MMA_64x64x32_S32S8S8_SS_TN; };
 
 template <typename T, int D>
 struct PVMma;  // m64 nD k16, A (P) in registers
@@ -99,12 +114,14 @@ __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <typename T, int D, bool INT8>
-__global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionParams p, const AttentionWorkspace w) {
+__global__ void __launch_bounds__(kThreads, 2) hopper_kernel(const AttentionParams p, const AttentionWorkspace w) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using QK = std::conditional_t<INT8, int8_t, T>;
   using Acc = std::conditional_t<INT8, uint32_t, float>;
   constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
   constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
+  constexpr int kBlockN = block_n(D);
+  constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
   using QTile = core::SmemTile<kBlockM, kQKRow>;
   using KTile = core::SmemTile<kBlockN, kQKRow>;
   using VTile = core::SmemTile<D, kBlockN * 2>;  // V^T: D rows of kBlockN keys
@@ -113,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
   const uint32_t s_k = s_q + QTile::kBytes;
   const uint32_t s_v = s_k + 2 * KTile::kBytes;
 
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, tig = lane % 4;
   const int64_t b = blockIdx.z;
   const int h = blockIdx.y, hk = h / static_cast<int>(p.heads_q / p.heads_kv);
@@ -127,8 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
     q_src = reinterpret_cast<const char*>(w.q8 + (b * p.heads_q + h) * w.q_blocks * kQuantBlock * D);
     k_src = reinterpret_cast<const char*>(w.k8 + (b * p.heads_kv + hk) * w.k_blocks * kQuantBlock * D);
     q_stride = k_stride = D;
-    const int q_block = min((m0 + 64 * wg) / kQuantBlock, static_cast<int>(w.q_blocks) - 1);
-    q_factor *= w.q_scale[(b * p.heads_q + h) * w.q_blocks + q_block];
+    q_factor *= w.q_scale[(b * p.heads_q + h) * w.q_blocks + blockIdx.x];
   } else {
     q_src = static_cast<const char*>(p.q) + (b * p.q_strides.batch + h * p.q_strides.head) * sizeof(T);
     k_src = static_cast<const char*>(p.k) + (b * p.k_strides.batch + hk * p.k_strides.head) * sizeof(T);
@@ -152,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
   // sum; o[4 t + e]: output columns 8 t + 2 tig + e % 2 of row g + 8 (e / 2).
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float o[D / 2] = {};
-  const int row_lo = m0 + 64 * wg + 16 * warp + g;
+  const int row_lo = m0 + 16 * warp + g;
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
@@ -166,42 +182,45 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
     fence_proxy_async();
     __syncthreads();
 
-    Acc s[64];
+    Acc s[kBlockN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = 0;
+    for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0;
     fence_operands(s);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < kQKSteps; ++ks) {
-      mma_ss<typename QKMma<T, INT8>::type>(descriptor<QTile>(s_q, 64 * wg, 32 * ks),
-                                            descriptor<KTile>(s_k + stage * KTile::kBytes, 0, 32 * ks), s,
-                                            ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
-                                            std::make_index_sequence<64>{});
+      mma_ss<typename QKMma<T, INT8, kBlockN>::type>(descriptor<QTile>(s_q, 0, 32 * ks),
+                                                     descriptor<KTile>(s_k + stage * KTile::kBytes, 0, 32 * ks), s,
+                                                     ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                                                     std::make_index_sequence<kBlockN / 2>{});
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
     fence_operands(s);
 
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
-    // n0 + 8 i + 2 tig + e % 2.
+    // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
     const int n0 = step * kBlockN;
-    float sc[64];
+    const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
+    float sc[kBlockN / 2];
     float step_max[2] = {row_max[0], row_max[1]};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kNTiles; ++i) {
       float factor = q_factor;
-      if constexpr (INT8) factor *= k_scale[min(2 * step + i / 8, static_cast<int>(w.k_blocks) - 1)];
+      if constexpr (INT8) factor *= k_scale[min((n0 + 8 * i) / kQuantBlock, static_cast<int>(w.k_blocks) - 1)];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = row_lo + 8 * (e / 2), key = n0 + 8 * i + 2 * tig + e % 2;
         float x;
         if constexpr (INT8) {
           x = static_cast<float>(static_cast<int32_t>(s[4 * i + e])) * factor;
         } else {
           x = s[4 * i + e] * factor;
         }
-        if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
-        if (key >= seq_k) x = -INFINITY;
+        if (edge) {
+          const int row = row_lo + 8 * (e / 2), key = n0 + 8 * i + 2 * tig + e % 2;
+          if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
+          if (key >= seq_k) x = -INFINITY;
+        }
         sc[4 * i + e] = x;
         step_max[e / 2] = fmaxf(step_max[e / 2], x);
       }
@@ -213,18 +232,18 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
       step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 2));
       // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
       base[r] = step_max[r] == -INFINITY ? 0.0f : step_max[r];
-      alpha[r] = exp2f(row_max[r] - base[r]);
+      alpha[r] = fast_exp2(row_max[r] - base[r]);
       row_max[r] = step_max[r];
       row_sum[r] *= alpha[r];
     }
-    // P as the A fragments of 8 k-steps of 16 keys: the accumulator layout of two adjacent
+    // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent
     // 8-key tiles is the A layout of one k-step.
     uint32_t pa[kBlockN / 16][4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kNTiles; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[4 * i + e] = exp2f(sc[4 * i + e] - base[e / 2]);
+        sc[4 * i + e] = fast_exp2(sc[4 * i + e] - base[e / 2]);
         row_sum[e / 2] += sc[4 * i + e];
       }
       pa[i / 2][2 * (i % 2)] = core::pack2<T>(sc[4 * i], sc[4 * i + 1]);
@@ -243,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_kernel(const AttentionPara
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
     fence_operands(o);
-    __syncthreads();  // both warpgroups are done with this stage before the next step refills it
+    __syncthreads();  // every warp is done with this stage before the next step refills it
   }
 
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
@@ -297,6 +316,7 @@ __global__ void __launch_bounds__(kTransposeThreads) transpose_v_kernel(const At
 template <typename T, int D, bool INT8>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
   constexpr int kQKRow = D * (INT8 ? 1 : 2);
+  constexpr int kBlockN = block_n(D);
   constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * D * kBlockN * 2 + 1024;  // + base alignment
   const auto kernel = hopper_kernel<T, D, INT8>;
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
