@@ -30,17 +30,23 @@ struct SmemTile {
 
   // Rows [row0, row0 + ROWS) of a matrix of `rows` rows, `stride` bytes apart, copied into the
   // tile asynchronously by THREADS threads (threadIdx.x < THREADS); rows past the end become
-  // zeros. Commit and wait with cp_async_commit / cp_async_wait.
+  // zeros. Commit and wait with cp_async_commit / cp_async_wait. Thread t copies chunk
+  // t % kChunks of rows t / kChunks + i * kRowStep: kRowStep is a multiple of 8, so the
+  // swizzle phase is the same for all of them and both addresses step by constants (a few
+  // instructions per 16 bytes: this runs once per tile in the attention kernels' loops).
   template <int THREADS>
   __device__ __forceinline__ static void load(uint32_t tile, const char* base, int64_t stride, int row0, int rows) {
-    static_assert(ROWS * kChunks % THREADS == 0);
+    static_assert(THREADS % kChunks == 0 && ROWS * kChunks % THREADS == 0);
+    constexpr int kRowStep = THREADS / kChunks;
+    static_assert(kRowStep % 8 == 0, "the swizzle phase must repeat every kRowStep rows");
+    const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+    const uint32_t dst = tile + offset(r0, c);
+    const char* src = base + static_cast<int64_t>(row0 + r0) * stride + c * 16;
 #pragma unroll
-    for (int i = 0; i < ROWS * kChunks / THREADS; ++i) {
-      const int index = threadIdx.x + i * THREADS;
-      const int r = index / kChunks, c = index % kChunks;
-      const bool valid = row0 + r < rows;
-      const char* src = valid ? base + static_cast<int64_t>(row0 + r) * stride + c * 16 : base;
-      cp_async_16(tile + offset(r, c), src, valid);
+    for (int i = 0; i < ROWS / kRowStep; ++i) {
+      const bool valid = row0 + r0 + i * kRowStep < rows;
+      cp_async_16(dst + i * kRowStep * kWidth, valid ? src : base, valid);
+      src += kRowStep * stride;
     }
   }
 };

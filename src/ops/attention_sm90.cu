@@ -45,6 +45,14 @@ static_assert(kBlockM == kQuantBlock, "one q scale per CTA");
 constexpr int block_n(int d) { return d == 64 ? 128 : 64; }
 static_assert(kHopperBlockN % block_n(64) == 0 && kHopperBlockN % block_n(128) == 0, "V^T padding");
 
+// An INT8 score (an int32 of magnitude < 2^22: a sum of at most 128 products of int8, < 2^21)
+// as fp32, exactly, on the ALU instead of the conversion unit (which the exponentials already
+// load): 2^23 + 2^22 + x has x in its low mantissa bits. A 16-bit path's score is fp32 already.
+__device__ __forceinline__ float to_float(uint32_t x) {
+  return __int_as_float(static_cast<int>(x) + 0x4B400000) - 12582912.0f;
+}
+__device__ __forceinline__ float to_float(float x) { return x; }
+
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -182,9 +190,7 @@ __global__ void __launch_bounds__(kThreads, 2) hopper_kernel(const AttentionPara
     fence_proxy_async();
     __syncthreads();
 
-    Acc s[kBlockN / 2];
-#pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0;
+    Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
     fence_operands(s);
     cute::warpgroup_arrive();
 #pragma unroll
@@ -204,25 +210,30 @@ __global__ void __launch_bounds__(kThreads, 2) hopper_kernel(const AttentionPara
     const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
     float sc[kBlockN / 2];
     float step_max[2] = {row_max[0], row_max[1]};
+    // The key checks sit outside the element loops: one uniform branch per step.
+    if (!edge) {
 #pragma unroll
-    for (int i = 0; i < kNTiles; ++i) {
-      float factor = q_factor;
-      if constexpr (INT8) factor *= k_scale[min((n0 + 8 * i) / kQuantBlock, static_cast<int>(w.k_blocks) - 1)];
+      for (int i = 0; i < kNTiles; ++i) {
+        const float factor = INT8 ? q_factor * k_scale[(n0 + 8 * i) / kQuantBlock] : q_factor;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x;
-        if constexpr (INT8) {
-          x = static_cast<float>(static_cast<int32_t>(s[4 * i + e])) * factor;
-        } else {
-          x = s[4 * i + e] * factor;
+        for (int e = 0; e < 4; ++e) {
+          sc[4 * i + e] = to_float(s[4 * i + e]) * factor;
+          step_max[e / 2] = fmaxf(step_max[e / 2], sc[4 * i + e]);
         }
-        if (edge) {
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNTiles; ++i) {
+        const float factor =
+            INT8 ? q_factor * k_scale[min((n0 + 8 * i) / kQuantBlock, static_cast<int>(w.k_blocks) - 1)] : q_factor;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
           const int row = row_lo + 8 * (e / 2), key = n0 + 8 * i + 2 * tig + e % 2;
+          float x = to_float(s[4 * i + e]) * factor;
           if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
-          if (key >= seq_k) x = -INFINITY;
+          sc[4 * i + e] = key < seq_k ? x : -INFINITY;
+          step_max[e / 2] = fmaxf(step_max[e / 2], sc[4 * i + e]);
         }
-        sc[4 * i + e] = x;
-        step_max[e / 2] = fmaxf(step_max[e / 2], x);
       }
     }
     float base[2], alpha[2];
