@@ -93,6 +93,12 @@ def test_group_offload_with_streams(feature, order, offload_calls):  # noqa: F81
     assert max_rel_err(denoise(model, kw), expected) < 1e-6  # stock with streams again
 
 
+# Inductor's generated kernels (norms, softmax, the feature's own math around ours) sum in
+# another order than eager on the GPU, and the loop's calls compound it: H100 measured up to
+# 6.6e-5 relative per call (eager on the same GPU: the CPU cases' 1e-5).
+INDUCTOR_TOLERANCE = 1e-4
+
+
 @pytest.mark.filterwarnings("ignore:Already found a `peft_config`")
 @pytest.mark.parametrize("feature,order,fullgraph", COMPILE_CASES, ids=[f"{c[0]}-{c[1]}" for c in COMPILE_CASES])
 @torch.no_grad()
@@ -118,8 +124,8 @@ def test_inductor_compile_on_top(feature, order, fullgraph):
         COMPILE_FEATURES[feature](model)
     eager = denoise(model, kw)
     compiled = denoise(torch.compile(model, fullgraph=fullgraph), kw)
-    assert max_rel_err(compiled, eager) < TOLERANCE
-    assert max_rel_err(compiled, expected) < TOLERANCE
+    assert max_rel_err(compiled, eager) < INDUCTOR_TOLERANCE
+    assert max_rel_err(compiled, expected) < INDUCTOR_TOLERANCE
     assert not torch.equal(compiled[0], expected[0]), "our kernels did not run"
 
 

@@ -10,9 +10,14 @@ from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, TOLERANCE, assert_close
 ops = torch.ops.ltx_kernels
 FP8 = torch.float8_e4m3fn
 # Error of an FP8 tensor-core GEMM's fp32 output, element by element relative to the element
-# (plus the same share of the output's rms): H100 measured 7.5e-5 relative L2 and 1.2e-4 on
-# the worst element at K = 64.
+# (plus the same share of the output's rms), for K up to 64: H100 measured 7.5e-5 relative L2
+# and 1.2e-4 on the worst element at K = 64, 1.1e-3 of the rms at K = 256 (the accumulator's
+# truncation adds up with K, so the bound scales with it; see fp8_accumulator_error).
 FP8_ACCUMULATOR_ERROR = 5e-4
+
+
+def fp8_accumulator_error(k: int) -> float:
+    return FP8_ACCUMULATOR_ERROR * max(1.0, k / 64)
 
 
 def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,8 +157,8 @@ def test_fp8_linear_matches_the_dequantized_product(device, dtype, with_bias, ro
         ref = dequantized_reference(x, w, bias)
         if device == "cuda" and dtype == torch.float32:
             rms = ref.norm().item() / ref.numel() ** 0.5
-            torch.testing.assert_close(out.double().cpu(), ref.cpu(), rtol=FP8_ACCUMULATOR_ERROR,
-                                       atol=FP8_ACCUMULATOR_ERROR * rms)
+            tol = fp8_accumulator_error(k)
+            torch.testing.assert_close(out.double().cpu(), ref.cpu(), rtol=tol, atol=tol * rms)
         else:
             assert_close(out, ref, dtype, scale=2.0)
 
