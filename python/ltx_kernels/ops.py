@@ -240,8 +240,9 @@ def attention(
     with one scale per 64-token block and head, k first smoothed by its mean over the keys
     (softmax is invariant to it); the definition is in ``include/ltx_kernels/attention.h``.
 
-    The CPU implementation is that definition (the reference); the Hopper kernel is not written
-    yet, so CUDA tensors raise ``NotImplementedError``."""
+    The CPU implementation is that definition (the reference). CUDA: bf16 or fp16 inputs, head
+    dim 64 or 128 (others raise); a Hopper wgmma kernel on sm_90, a portable one from sm_80.
+    Not yet faster than SDPA's cuDNN backend (benchmarks/results/h100/attention.md)."""
     if precision not in ("bf16", "8bit"):
         raise ValueError(f"attention: precision must be 'bf16' or '8bit', got {precision!r}")
     if scale is not None:
