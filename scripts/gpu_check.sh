@@ -2,7 +2,7 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py bench attention e2e cache llm); GPU_CHECK_PYTEST passes extra
+# time per command is limited (stages: cpp sanitize py bench gemm attention e2e cache llm); GPU_CHECK_PYTEST passes extra
 # pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
@@ -39,10 +39,10 @@ fi
 fi
 
 if want sanitize; then
-echo "== compute-sanitizer (memcheck, racecheck) on the attention kernel's GoogleTests"
+echo "== compute-sanitizer (memcheck, racecheck) on the attention and FP8 GEMM kernels' GoogleTests"
 for tool in memcheck racecheck; do
   compute-sanitizer --tool $tool --error-exitcode 1 build/cpp/tests/cpp/ltx_kernels_tests \
-    --gtest_filter='AttentionCuda*' > "$out/sanitize-$tool.log" 2>&1 || status=1
+    --gtest_filter='AttentionCuda*:Fp8LinearCuda*' > "$out/sanitize-$tool.log" 2>&1 || status=1
   echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitize-$tool.log" | tr '\n' ' ')"
 done
 fi
@@ -60,6 +60,12 @@ if want bench; then
 echo "== benchmark"
 python3 -m ltx_kernels.bench --json "$out/bench.json" --markdown "$out/bench.md" 2>&1 \
   | tee "$out/bench.log" | tail -60 || status=1
+fi
+if want gemm; then
+echo "== GEMM benchmark (bf16, cuBLASLt FP8, ours FP8)"
+python3 -m ltx_kernels.bench.gemm --json "$out/gemm.json" --markdown "$out/gemm.md" 2>&1 \
+  | tee "$out/gemm.log" | tail -20
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want attention; then
 echo "== attention benchmark"

@@ -342,7 +342,9 @@ cudaError_t launch_typed(const AttentionParams& p, void* workspace, cudaStream_t
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return error;
   }
+#ifdef LTX_KERNELS_SM90A
   if (uses_hopper_kernel(p)) return launch_hopper(p, w, stream);
+#endif
   return int8 ? launch_attention<T, D, true>(p, w, stream) : launch_attention<T, D, false>(p, w, stream);
 }
 

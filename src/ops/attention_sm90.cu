@@ -17,21 +17,16 @@
 #include <type_traits>
 #include <utility>
 
-#include "ops/attention_sm90.h"
-
-#ifdef LTX_KERNELS_SM90A
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
+#include "ops/attention_sm90.h"
 #include "ops/host_util.h"
-#endif
 
 namespace ltx_kernels {
-
-#ifdef LTX_KERNELS_SM90A
 namespace {
 
 namespace gmma = cute::SM90::GMMA;
@@ -360,10 +355,5 @@ cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w,
   if (!uses_hopper_kernel(p) || (p.seq_k > 0 && w.vt == nullptr)) return cudaErrorInvalidValue;
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, w, stream) : launch_dim<__half>(p, w, stream);
 }
-#else
-cudaError_t launch_hopper(const AttentionParams&, const AttentionWorkspace&, cudaStream_t) {
-  return cudaErrorNotSupported;  // built without sm_90a
-}
-#endif
 
 }  // namespace ltx_kernels

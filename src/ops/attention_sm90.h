@@ -1,4 +1,5 @@
 // The Hopper (sm_90a) attention kernel, attention_sm90.cu: wgmma with operands in shared memory.
+// Built only for sm_90a (LTX_KERNELS_SM90A).
 #pragma once
 
 #include <cuda_runtime_api.h>

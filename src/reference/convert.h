@@ -72,4 +72,14 @@ inline uint8_t float_to_e4m3(float f) {
   return sign | static_cast<uint8_t>(code > 0x7eu ? 0x7eu : code);
 }
 
+// float8 e4m3fn bits -> value: exponent bias 7, subnormals (steps of 2^-9) below 2^-6,
+// 0x7f / 0xff NaN, no inf.
+inline float e4m3_to_float(uint8_t bits) {
+  const int exponent = (bits >> 3) & 0xf, mantissa = bits & 0x7;
+  if (exponent == 0xf && mantissa == 0x7) return std::nanf("");
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                        : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+  return bits & 0x80 ? -magnitude : magnitude;
+}
+
 }  // namespace ltx_kernels::host

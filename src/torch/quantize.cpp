@@ -2,11 +2,12 @@
 // row, include/ltx_kernels/quantize.h) and fp8_linear (the GEMM of two such operands).
 //
 // fp8_linear computes out = (x_q @ weight_q^T) * x_scale[:, None] * weight_scale[None, :]
-// (+ bias), fp32 accumulation, rounded once to out_dtype. On CUDA it runs torch._scaled_mm
-// with row-wise scales (cuBLASLt, the baseline our own GEMM is measured against); the CPU
-// implementation computes the same in fp32 from the e4m3 values, so CI tests the format.
+// (+ bias), fp32 accumulation, rounded once to out_dtype (include/ltx_kernels/fp8_linear.h).
+// CUDA: torch._scaled_mm (cuBLASLt); our Hopper kernel (src/ops/fp8_linear_sm90.cu) takes
+// over once it has passed the GPU tests. CPU: the C++ reference, so CI tests the format.
 #include <ATen/ATen.h>
 
+#include "ltx_kernels/fp8_linear.h"
 #include "ltx_kernels/quantize.h"
 #include "torch/common.h"
 #include "torch/registration.h"
@@ -108,6 +109,36 @@ at::Tensor fp8_linear_meta(const at::Tensor& x, const at::Tensor& x_scale, const
   return at::empty_symint(out_shape(x, weight), x.options().dtype(out_dtype));
 }
 
+// The params of out = fp8_linear(...) for x as contiguous [M, K] rows `a`.
+Fp8LinearParams params_of(const at::Tensor& a, const at::Tensor& x_scale, const at::Tensor& weight,
+                          const at::Tensor& weight_scale, const OptTensor& bias, at::Tensor& out) {
+  Fp8LinearParams p;
+  p.out_dtype = to_dtype(out.scalar_type());
+  p.m = a.size(0);
+  p.n = weight.size(0);
+  p.k = weight.size(1);
+  p.a = static_cast<const uint8_t*>(a.const_data_ptr());
+  p.a_row_stride = a.stride(0);
+  p.b = static_cast<const uint8_t*>(weight.const_data_ptr());
+  p.b_row_stride = weight.stride(0);
+  p.a_scale = x_scale.const_data_ptr<float>();
+  p.b_scale = weight_scale.const_data_ptr<float>();
+  p.bias = data_or_null(bias);
+  p.out = out.mutable_data_ptr();
+  p.out_row_stride = p.n;
+  return p;
+}
+
+at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                          const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+  at::Tensor out = fp8_linear_meta(x, x_scale, weight, weight_scale, bias, out_dtype);
+  const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
+  reference(params_of(a, x_scale.contiguous(), weight.contiguous(), weight_scale.contiguous(),
+                      bias ? std::optional(bias->contiguous()) : std::nullopt, out));
+  return out;
+}
+
+#ifdef LTX_KERNELS_WITH_CUDA
 // fp32 accumulator [M, N] -> scaled, biased, rounded once.
 at::Tensor epilogue(const at::Tensor& acc, const at::Tensor& x_scale, const at::Tensor& weight_scale,
                     const OptTensor& bias, at::ScalarType out_dtype) {
@@ -116,35 +147,34 @@ at::Tensor epilogue(const at::Tensor& acc, const at::Tensor& x_scale, const at::
   return out.to(out_dtype);
 }
 
-at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
-                          const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
-  check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
-  const at::Tensor x2d = x.reshape({-1, x.size(-1)}).to(at::kFloat);
-  const at::Tensor acc = at::mm(x2d, weight.to(at::kFloat).t());
-  return epilogue(acc, x_scale, weight_scale, bias, out_dtype).view_symint(out_shape(x, weight));
+// cuBLASLt's FP8 GEMM (torch._scaled_mm).
+at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::Tensor& weight,
+                     const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+  const at::Tensor b = weight.t();  // [K, N] column-major, as cuBLASLt wants
+  if (out_dtype == at::kBFloat16) {
+    // Row-wise scales are applied in the GEMM epilogue (bf16 output only).
+    return at::_scaled_mm(a, b, x_scale.reshape({-1, 1}), weight_scale.reshape({1, -1}), bias, std::nullopt,
+                          out_dtype);
+  }
+  // fp16 / fp32 outputs: an fp32 accumulator with unit scales, then the epilogue in torch ops
+  // (one more pass over the output).
+  const at::Tensor one = at::ones({}, x_scale.options());
+  return epilogue(at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, at::kFloat), x_scale, weight_scale,
+                  bias, out_dtype);
 }
 
-#ifdef LTX_KERNELS_WITH_CUDA
 at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                            const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
   check_compute_capability(x, 89, "fp8_linear", "has no FP8 tensor cores (Ada, Hopper have them)");
   const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
-  const at::Tensor b = weight.contiguous().t();  // [K, N] column-major, as cuBLASLt wants
-  if (a.size(0) == 0) return at::zeros_symint(out_shape(x, weight), x.options().dtype(out_dtype));
-  at::Tensor out;
-  if (out_dtype == at::kBFloat16) {
-    // Row-wise scales are applied in the GEMM epilogue (bf16 output only).
-    out = at::_scaled_mm(a, b, x_scale.reshape({-1, 1}).contiguous(), weight_scale.reshape({1, -1}).contiguous(),
-                         bias, std::nullopt, out_dtype);
-  } else {
-    // fp16 / fp32 outputs: an fp32 accumulator with unit scales, then the same epilogue as the
-    // CPU's (one more pass over the output).
-    const at::Tensor one = at::ones({}, x_scale.options());
-    out = epilogue(at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, at::kFloat), x_scale,
-                   weight_scale, bias, out_dtype);
+  const at::Tensor w = weight.contiguous(), xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
+  if (a.size(0) == 0 || a.size(1) == 0) {
+    // No k: the accumulator is 0, the output the epilogue of 0 (the bias, NaN for a NaN scale).
+    return epilogue(at::zeros({a.size(0), w.size(0)}, xs.options()), xs, ws, bias, out_dtype)
+        .view_symint(out_shape(x, weight));
   }
-  return out.view_symint(out_shape(x, weight));
+  return scaled_mm(a, xs, w, ws, bias, out_dtype).view_symint(out_shape(x, weight));
 }
 #endif
 

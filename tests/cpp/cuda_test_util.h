@@ -1,4 +1,4 @@
-// Helpers of the CUDA GoogleTests: whether a GPU is there, device buffers, random inputs.
+// Helpers of the CUDA GoogleTests: whether a GPU is there and which, device buffers, random inputs.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +16,15 @@ namespace ltx_kernels::test {
 inline bool has_gpu() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// Compute capability of the current GPU, major * 10 + minor.
+inline int device_arch() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major * 10 + minor;
 }
 
 // Device copy of a host buffer, freed on scope exit.

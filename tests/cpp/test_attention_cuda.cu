@@ -18,6 +18,7 @@ namespace ltx_kernels {
 namespace {
 
 using test::DeviceBuffer;
+using test::device_arch;
 using test::has_gpu;
 using test::random_buffer;
 
@@ -28,14 +29,6 @@ struct Case {
   bool mask;  // key padding in batch 1, one fully masked row in batch 0, random elsewhere
   int arch;   // the kernel: 90 Hopper, 80 portable
 };
-
-int device_arch() {
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major * 10 + minor;
-}
 
 Strides4 contiguous(int64_t heads, int64_t seq, int64_t dim) { return {heads * seq * dim, seq * dim, dim}; }
 

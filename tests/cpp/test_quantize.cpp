@@ -14,24 +14,16 @@
 namespace ltx_kernels {
 namespace {
 
-// Value of an e4m3fn code (0x7f / 0xff are NaN).
-float e4m3_value(uint8_t code) {
-  const int exponent = (code >> 3) & 0xf, mantissa = code & 7;
-  const float magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0f, -6)
-                                        : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
-  return code & 0x80 ? -magnitude : magnitude;
-}
-
 TEST(QuantizeReference, EveryCodeRoundTripsAndTiesGoToEven) {
   for (int code = 0; code < 256; ++code) {
     if ((code & 0x7f) == 0x7f) continue;  // NaN
-    const float v = e4m3_value(static_cast<uint8_t>(code));
+    const float v = host::e4m3_to_float(static_cast<uint8_t>(code));
     if (v == 0.0f) continue;  // -0 and +0 compare equal
     EXPECT_EQ(host::float_to_e4m3(v), code) << v;
     // The midpoint to the next code up rounds to whichever of the two has an even mantissa.
     const int next = code + 1;
     if ((next & 0x7f) >= 0x7f) continue;
-    const float mid = (v + e4m3_value(static_cast<uint8_t>(next))) / 2;
+    const float mid = (v + host::e4m3_to_float(static_cast<uint8_t>(next))) / 2;
     EXPECT_EQ(host::float_to_e4m3(mid), (code & 1) ? next : code) << mid;
   }
   EXPECT_EQ(host::float_to_e4m3(152.0f), 0x72);  // 144 | 152 | 160 (0x72): even is 160
@@ -55,8 +47,8 @@ TEST(QuantizeReference, RowScalesZeroRowsAndNan) {
   p.scale = scale.data();
   reference(p);
   EXPECT_EQ(scale[0], 2.0f / 448.0f);
-  EXPECT_EQ(e4m3_value(out[1]), -448.0f);
-  EXPECT_EQ(e4m3_value(out[0]), 224.0f);
+  EXPECT_EQ(host::e4m3_to_float(out[1]), -448.0f);
+  EXPECT_EQ(host::e4m3_to_float(out[0]), 224.0f);
   EXPECT_EQ(scale[1], kMinAmax / 448.0f);
   EXPECT_EQ(out[3], 0);
   EXPECT_TRUE(std::isnan(scale[2]));
@@ -78,8 +70,8 @@ TEST(QuantizeReference, GeluTanhIsAppliedBeforeTheScale) {
   reference(p);
   const float gelu2 = static_cast<float>(host::gelu_tanh(2.0));
   EXPECT_EQ(scale, gelu2 / 448.0f);
-  EXPECT_EQ(e4m3_value(out[2]), 448.0f);
-  EXPECT_LT(e4m3_value(out[1]), 0.0f);  // gelu(-1) = -0.159
+  EXPECT_EQ(host::e4m3_to_float(out[2]), 448.0f);
+  EXPECT_LT(host::e4m3_to_float(out[1]), 0.0f);  // gelu(-1) = -0.159
 }
 
 TEST(QuantizeValidate, RejectsBadParams) {

@@ -1,0 +1,100 @@
+// Host-side tests of the FP8 linear's reference: every e4m3 code decoded, the epilogue's
+// order (scales, then bias, one rounding) and strided rows against hand-computed values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ltx_kernels/fp8_linear.h"
+#include "reference/convert.h"
+
+namespace ltx_kernels {
+namespace {
+
+TEST(Fp8LinearReference, EveryCodeTimesOneIsItsValue) {
+  const uint8_t one = host::float_to_e4m3(1.0f);
+  const float unit = 1.0f;
+  for (int code = 0; code < 256; ++code) {
+    const uint8_t a = static_cast<uint8_t>(code);
+    float out = -1.0f;
+    Fp8LinearParams p;
+    p.out_dtype = DType::kFloat32;
+    p.m = p.n = p.k = 1;
+    p.a = &a;
+    p.b = &one;
+    p.a_scale = p.b_scale = &unit;
+    p.out = &out;
+    p.out_row_stride = 1;
+    ASSERT_EQ(validate(p), nullptr);
+    reference(p);
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(out)) << code;
+    } else if (out != 0.0f) {
+      EXPECT_EQ(host::float_to_e4m3(out), code) << out;
+    }
+  }
+}
+
+TEST(Fp8LinearReference, ScalesBiasAndStridedRows) {
+  // a = [[1, 2, pad], [-0.5, 4, pad]] (row stride 3), b = [[1, 1], [2, -1], [0.25, 0.5]]
+  const std::vector<float> a_values = {1, 2, 0, -0.5f, 4, 0}, b_values = {1, 1, 2, -1, 0.25f, 0.5f};
+  std::vector<uint8_t> a, b;
+  for (float v : a_values) a.push_back(host::float_to_e4m3(v));
+  for (float v : b_values) b.push_back(host::float_to_e4m3(v));
+  const std::vector<float> a_scale = {2.0f, 0.5f}, b_scale = {1.0f, 3.0f, -1.0f}, bias = {0.0f, 1.0f, -2.0f};
+  std::vector<float> out(2 * 4, -7.0f);  // row stride 4: the last column stays untouched
+  Fp8LinearParams p;
+  p.out_dtype = DType::kFloat32;
+  p.m = 2;
+  p.n = 3;
+  p.k = 2;
+  p.a = a.data();
+  p.a_row_stride = 3;
+  p.b = b.data();
+  p.b_row_stride = 2;
+  p.a_scale = a_scale.data();
+  p.b_scale = b_scale.data();
+  p.bias = bias.data();
+  p.out = out.data();
+  p.out_row_stride = 4;
+  ASSERT_EQ(validate(p), nullptr);
+  reference(p);
+  // acc row 0: [3, 0, 1.25]; row 1: [3.5, -5, 1.875]
+  const std::vector<float> expected = {6.0f, 1.0f, -4.5f, -7.0f, 1.75f, -6.5f, -2.9375f, -7.0f};
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], expected[i]) << i;
+}
+
+TEST(Fp8LinearReference, RoundsOnceToTheOutputDtype) {
+  // 1 + 2^-9 (exact in fp32) is a quarter of bf16's step above 1: the output rounds to 1.
+  const uint8_t a[2] = {host::float_to_e4m3(1.0f), host::float_to_e4m3(0.001953125f)};
+  const uint8_t b[2] = {host::float_to_e4m3(1.0f), host::float_to_e4m3(1.0f)};
+  const float unit = 1.0f;
+  uint16_t out = 0;
+  Fp8LinearParams p;
+  p.out_dtype = DType::kBFloat16;
+  p.m = p.n = 1;
+  p.k = 2;
+  p.a = a;
+  p.a_row_stride = 2;
+  p.b = b;
+  p.b_row_stride = 2;
+  p.a_scale = p.b_scale = &unit;
+  p.out = &out;
+  p.out_row_stride = 1;
+  reference(p);
+  EXPECT_EQ(host::bf16_to_float(out), 1.0f);
+}
+
+TEST(Fp8LinearReference, ValidateNamesWhatIsWrong) {
+  Fp8LinearParams p;
+  p.m = p.n = p.k = 4;
+  EXPECT_NE(validate(p), nullptr);  // null pointers
+  p.m = -1;
+  EXPECT_NE(validate(p), nullptr);
+  Fp8LinearParams empty;
+  EXPECT_EQ(validate(empty), nullptr);
+}
+
+}  // namespace
+}  // namespace ltx_kernels
