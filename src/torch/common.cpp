@@ -1,5 +1,7 @@
 #include "torch/common.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #ifdef LTX_KERNELS_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -40,6 +42,27 @@ DType to_dtype(at::ScalarType type) {
   }
 }
 
+namespace {
+
+// The kernels read every tensor as rows whose elements are adjacent.
+void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.sym_size(-1) <= 1 || t.sym_stride(-1) == 1, name,
+                    " must have a contiguous last dim (stride 1), got strides ", dims_str(t.sym_strides()),
+                    "; call .contiguous() if this layout is intended");
+}
+
+// [first, last] byte addresses a tensor's elements can occupy (its strides may be negative
+// only through torch's internal views, which the ops never receive: torch has no negative
+// strides).
+std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {first, first + static_cast<uintptr_t>((last + 1) * t.element_size()) - 1};
+}
+
+}  // namespace
+
 void check_activation(const at::Tensor& x, const char* name) {
   const auto type = x.scalar_type();
   TORCH_CHECK_TYPE(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, name,
@@ -47,9 +70,20 @@ void check_activation(const at::Tensor& x, const char* name) {
   TORCH_CHECK_VALUE(x.dim() >= 1, name, " must have at least 1 dim, got a 0-dim tensor");
   TORCH_CHECK_VALUE(x.device().is_cpu() || x.device().is_cuda() || x.device().is_meta(), name,
               " must be on a CPU or CUDA device, got ", device_str(x.device()));
-  TORCH_CHECK_VALUE(x.sym_size(-1) <= 1 || x.sym_stride(-1) == 1, name,
-              " must have a contiguous last dim (stride 1), got strides ", dims_str(x.sym_strides()),
-              "; call .contiguous() if this layout is intended");
+  check_last_dim_contiguous(x, name);
+}
+
+void check_written(const char* op, const at::Tensor& out, const char* name, const at::Tensor& read,
+                   const char* read_name) {
+  if (out.is_meta() || out.numel() == 0 || read.numel() == 0) return;
+  TORCH_CHECK_VALUE(at::has_internal_overlap(out) != at::MemOverlap::Yes, op, ": ", name,
+                    " is written, but some of its elements share memory (an expanded view, stride 0): ",
+                    "pass a tensor that owns its elements, e.g. ", name, ".clone()");
+  const auto [out_first, out_last] = byte_span(out);
+  const auto [read_first, read_last] = byte_span(read);
+  TORCH_CHECK_VALUE(out_last < read_first || read_last < out_first, op, ": ", name,
+                    " is written while ", read_name, " is read, and their memory overlaps: pass ",
+                    name, " and ", read_name, " in separate memory");
 }
 
 void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, const char* x_name) {
@@ -59,6 +93,7 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, cons
                     device_str(x.device()), "), got ", device_str(t.device()));
   TORCH_CHECK_VALUE(t.sym_sizes() == x.sym_sizes(), name, " must have the shape of ", x_name, " ",
                     dims_str(x.sym_sizes()), ", got ", dims_str(t.sym_sizes()));
+  check_last_dim_contiguous(t, name);
 }
 
 std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
@@ -112,9 +147,7 @@ void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& 
            dims_str(x.sym_sizes()) + " (per token), got " + dims_str(t.sym_sizes());
   };
   TORCH_CHECK_VALUE(t.dim() >= 1 && t.sym_size(-1) == x.sym_size(-1), expected());
-  TORCH_CHECK_VALUE(t.sym_size(-1) <= 1 || t.sym_stride(-1) == 1, name,
-                    " must have a contiguous last dim (stride 1), got strides ",
-                    dims_str(t.sym_strides()));
+  check_last_dim_contiguous(t, name);
   if (t.dim() == 1) return;  // [D]
   TORCH_CHECK_VALUE(t.dim() == x.dim(), expected());
   bool per_token = true, per_batch = true;

@@ -25,8 +25,15 @@ std::string device_str(const at::Device& device);
 // x is float32/float16/bfloat16 with at least one dim and a contiguous last dim.
 void check_activation(const at::Tensor& x, const char* name);
 
-// t has x's dtype, device and shape (x is called `x_name` in the messages).
+// t has x's dtype, device and shape and a contiguous last dim (x is called `x_name` in the
+// messages).
 void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, const char* x_name);
+
+// `out`, which op writes, neither overlaps itself (an expanded view) nor shares memory with
+// `read`, which op reads while writing it (a kernel may read a row again after writing part of
+// it). Meta tensors have no memory: nothing to check.
+void check_written(const char* op, const at::Tensor& out, const char* name, const at::Tensor& read,
+                   const char* read_name);
 
 // Optional per-channel vector ([cols], like weight or bias) matching x's dtype, device and
 // last dim; returned contiguous.

@@ -99,6 +99,7 @@ void check_out(const at::Tensor& out, const at::Tensor& x) {
 void concatenated_into(const char* name, ElementwiseOp op, const at::Tensor& x, at::Tensor& out) {
   check_concatenated(x, name);
   check_out(out, x);
+  check_written(name, out, "out", x, "x");
   const int64_t h = x.size(-1) / 2;
   const at::Tensor a = x.narrow(-1, 0, h);
   const at::Tensor b = x.narrow(-1, h, h);

@@ -128,6 +128,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
 
 at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const OptTensor& weight,
                                double eps, double weight_offset) {
+  check_written("fused_add_rms_norm_", residual, "residual", x, "x");
   return add_rms_norm_into("fused_add_rms_norm_", x, residual, residual, weight, eps,
                            weight_offset);
 }
