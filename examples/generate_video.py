@@ -10,8 +10,10 @@ latents are saved to ``--output`` with a ``.pt`` suffix (there is no VAE to deco
 ``.png`` preview of the first latent frame. Without a CUDA GPU it says so and runs the tiny
 config (a full-size one only with ``--allow-cpu``).
 ``--use-optimized-kernels`` (default), ``--precision fp8`` (the transformer blocks' linears in
-FP8; needs compute capability >= 8.9) and ``--compile`` combine. Prints per-step and total
-time, peak GPU memory and which kernels were patched in.
+FP8; needs compute capability >= 8.9), ``--attention bf16|8bit`` (ltx_kernels' attention as the
+model's diffusers attention backend instead of SDPA; on CUDA it takes head dim 64 or 128, so
+not the tiny config) and ``--compile`` combine. Prints per-step and total time, peak GPU memory
+and which kernels were patched in.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compile_repeated_blocks(fullgraph=True)")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
                    help="fp8: the blocks' linears in FP8 (inject(precision='fp8'); with the kernels only)")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "bf16", "8bit"],
+                   help="sdpa: the model's attention as diffusers sets it; bf16 / 8bit: ltx_kernels.attention "
+                        "(inject(attention=...); with the kernels only)")
     p.add_argument("--random-weights", action="store_true", help="offline: random transformer, no text encoder/VAE")
     p.add_argument("--config", choices=["tiny", "2b", "13b"],
                    help="with --random-weights (default: 2b on a GPU, tiny on the CPU)")
@@ -90,12 +95,15 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.precision == "fp8" and not args.use_optimized_kernels:
         raise SystemExit("--precision fp8 runs through ltx_kernels: drop --no-optimized-kernels")
+    if args.attention != "sdpa" and not args.use_optimized_kernels:
+        raise SystemExit(f"--attention {args.attention} runs through ltx_kernels: drop --no-optimized-kernels")
     pipe, inputs = load_pipeline(args)
     kernels = "off"
     if args.use_optimized_kernels:
         import ltx_kernels.diffusers
 
-        report = ltx_kernels.diffusers.inject(pipe, precision=args.precision)
+        attention = None if args.attention == "sdpa" else args.attention
+        report = ltx_kernels.diffusers.inject(pipe, precision=args.precision, attention=attention)
         print(report)
         kernels = dict(report.patched)
     if args.compile:
@@ -152,13 +160,15 @@ def main(argv=None) -> dict:
         peak, peak_what = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
     summary = dict(
         total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
-        peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, output=str(output),
+        peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, attention=args.attention,
+        output=str(output),
         device=args.device, config=args.config if args.random_weights else args.model,
     )
     print("per-step ms: " + " ".join(f"{t:.1f}" for t in steps_ms))
     print(f"device {args.device}, {summary['config']}, {len(steps_ms)} steps: total {total:.2f} s, mean step "
           f"{summary['mean_step_ms']:.1f} ms, peak memory {peak:.2f} GiB ({peak_what}), optimized kernels: "
-          f"{'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, compile: {args.compile}; "
+          f"{'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, attention: {args.attention}, "
+          f"compile: {args.compile}; "
           f"wrote {output}" + (f" (latents) and {preview} (their first frame, channels 0-2 as RGB)"
                                if args.random_weights else ""))
     return summary

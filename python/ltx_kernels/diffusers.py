@@ -10,6 +10,11 @@
   ``linear_gelu_tanh`` (the projection with the GELU in its epilogue); diffusers ``GEGLU`` (``hidden * gelu(gate)``, exact GELU, hidden first) ->
   ``gelu_and_mul(gate, hidden)``; diffusers ``SwiGLU`` -> ``silu_and_mul(gate, hidden)``.
 
+Attention is diffusers' to dispatch: importing this module registers ``ltx_kernels.attention``
+as two of its attention backends, ``"ltx_kernels"`` and ``"ltx_kernels_8bit"``
+(:mod:`ltx_kernels._diffusers_attention`), which ``inject(..., attention=...)`` sets on a model's
+attention processors, and ``set_attention_backend`` / ``attention_backend(...)`` select too.
+
 Text encoders (transformers models) are left to :mod:`ltx_kernels.transformers`. Patches are
 per instance and undone by :func:`remove`; they survive ``pipe.to(...)``, work before or after
 diffusers' hooks (``enable_cache`` with any cache config, ``enable_layerwise_casting``,
@@ -30,7 +35,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _fp8, ops
+from ltx_kernels import _diffusers_attention, _fp8, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
@@ -43,6 +48,10 @@ from ltx_kernels._patching import (
     unpatch_all,
     unsupported_reason,
 )
+
+# Our attention backends join diffusers' dispatcher on import (False without diffusers).
+_ATTENTION_REGISTERED = _diffusers_attention.register()
+
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
@@ -124,7 +133,8 @@ def _models(pipe_or_model) -> list[nn.Module]:
 
 
 def inject(
-    pipe_or_model, rope: str = "exact", precision: str = "bf16", fp8_skip=_fp8.DEFAULT_FP8_SKIP
+    pipe_or_model, rope: str = "exact", precision: str = "bf16", fp8_skip=_fp8.DEFAULT_FP8_SKIP,
+    attention: str | None = None,
 ) -> Report:
     """Patches a diffusers pipeline's models (or one model) in place; returns what was patched.
 
@@ -135,6 +145,21 @@ def inject(
     input/output projections, timestep and caption embeddings, AdaLN tables, output norm).
     Needs compute capability >= 8.9 on CUDA (checked before the model is touched); on the CPU
     the format is emulated (slow; for tests). Not for training: FP8 is forward-only.
+
+    ``attention``, independent of ``precision``, picks the attention kernel:
+
+    - ``None`` (default): the model's attention backend stays as it is (diffusers' default,
+      SDPA, or whatever the user set with ``set_attention_backend``).
+    - ``"bf16"`` / ``"8bit"``: every attention processor that goes through diffusers' attention
+      dispatcher (LTX's, ours, and those of other diffusers models alike) gets the backend
+      ``"ltx_kernels"`` (``ltx_kernels.attention``, exact) or ``"ltx_kernels_8bit"`` (q and k in
+      INT8 with per-block scales, k smoothed; SageAttention's method). Set per processor, so
+      other models keep theirs; ``report.patched`` counts the modules per backend,
+      ``report.notes`` says which backend the user had set and this replaced, and
+      :func:`remove` gives each processor back what it had. On CUDA the kernel takes bf16/fp16
+      with head dim 64 or 128 (others raise at the call, naming the backend); forward-only; it
+      works with Ulysses context parallelism, not ring attention (refused here). Not yet faster
+      than SDPA's cuDNN backend on an H100 (benchmarks/results/h100/attention.md).
 
     ``rope`` picks LTX-Video's RoPE angles:
 
@@ -152,7 +177,8 @@ def inject(
       a pipeline against stock outputs.
 
     What cannot be patched is listed in ``report.skipped`` and warned about. Calling
-    ``inject`` twice patches nothing new (the first call's ``rope`` stays).
+    ``inject`` twice patches nothing new (the first call's ``rope`` stays), except that an
+    ``attention`` other than None sets that backend.
 
     Composes with diffusers' hooks in either order (``enable_cache``, layerwise casting,
     group offloading, accelerate's CPU offload): patches go beneath the hooks, and weights a
@@ -162,67 +188,79 @@ def inject(
     library's forward, read by no fused kernel; ``report.notes`` lists those modules, and
     ``precision="fp8"`` leaves them as they are (listed in ``report.skipped``).
     """
-    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
-
     if rope not in ("exact", "stock"):
         raise ValueError(f"rope must be 'exact' or 'stock', got {rope!r}")
     _fp8.check_arguments(precision, fp8_skip)
+    _diffusers_attention.check_arguments(attention, _ATTENTION_REGISTERED)
     models = _models(pipe_or_model)
     for model in models:
         _fp8.check_precision(model, precision)
+        _diffusers_attention.check_model(model, attention)
     report = Report()
     for model in models:
-        if precision == "fp8" and any(_fp8.is_quantized(m) for m in model.modules()):
-            report.skipped.append(f"{type(model).__name__}: already injected with precision='fp8': nothing new patched")
-            continue
-        problem = unsupported_reason(model)
-        if problem is not None:
-            report.skipped.append(f"{type(model).__name__}: {problem}")
-            continue
-        fused: set[int] = set()
-        for module in model.modules():
-            if isinstance(module, LTXVideoTransformer3DModel):
-                if not any(is_patched(block) for block in module.transformer_blocks):
-                    patch_ltx_model(module, report, exact_rope=rope == "exact")
-                fused |= {id(m) for m in fused_submodules(module)}
-        for name, module in model.named_modules():
-            if id(module) in fused or is_patched(module):
+        if any(_fp8.is_quantized(m) for m in model.modules()):  # so precision is "fp8" (check_precision)
+            report.skipped.append(f"{type(model).__name__}: already injected with precision='fp8': no kernel "
+                                  "patched again")
+        else:
+            problem = unsupported_reason(model)
+            if problem is not None:
+                report.skipped.append(f"{type(model).__name__}: {problem}")
                 continue
-            found = _generic_patch(module)
-            if found is None:
-                continue
-            kind, forward = found
-            if kind is None:
-                report.skipped.append(f"{type(model).__name__}.{name}: {forward}")
-                continue
-            patch(module, forward)
-            report.patched[kind] += 1
-        skip = tuple(fp8_skip)
-        library = library_owned_modules(model)
-        if library is not None:  # e.g. torchao-quantized linears: their library computes them
-            left = f"{type(model).__name__}: {library}: left to their library"
-            if precision == "fp8":
-                skip += tuple(glob.escape(n) for n, m in model.named_modules() if is_library_owned(m))
-                report.skipped.append(f"{left}, not FP8")
-            else:
-                report.notes.append(f"{left}; no fused kernel reads their weights (a GELU-tanh projection among "
-                                    "them runs unfused: its library's linear, then gelu_tanh)")
-        if precision == "fp8":
-            _fp8.quantize_linears(model, skip, report)
-        report.note_training(model)
+            _patch_kernels(model, rope, precision, fp8_skip, report)
+        if attention is not None:
+            _diffusers_attention.use_backend(model, attention, report)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.diffusers.inject: not patched: {reason}", stacklevel=2)
     return report
 
 
+def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report: Report) -> None:
+    """inject's kernels (all but the attention backend) on one model of supported dtype and device."""
+    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
+
+    fused: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, LTXVideoTransformer3DModel):
+            if not any(is_patched(block) for block in module.transformer_blocks):
+                patch_ltx_model(module, report, exact_rope=rope == "exact")
+            fused |= {id(m) for m in fused_submodules(module)}
+    for name, module in model.named_modules():
+        if id(module) in fused or is_patched(module):
+            continue
+        found = _generic_patch(module)
+        if found is None:
+            continue
+        kind, forward = found
+        if kind is None:
+            report.skipped.append(f"{type(model).__name__}.{name}: {forward}")
+            continue
+        patch(module, forward)
+        report.patched[kind] += 1
+    skip = tuple(fp8_skip)
+    library = library_owned_modules(model)
+    if library is not None:  # e.g. torchao-quantized linears: their library computes them
+        left = f"{type(model).__name__}: {library}: left to their library"
+        if precision == "fp8":
+            skip += tuple(glob.escape(n) for n, m in model.named_modules() if is_library_owned(m))
+            report.skipped.append(f"{left}, not FP8")
+        else:
+            report.notes.append(f"{left}; no fused kernel reads their weights (a GELU-tanh projection among "
+                                "them runs unfused: its library's linear, then gelu_tanh)")
+    if precision == "fp8":
+        _fp8.quantize_linears(model, skip, report)
+    report.note_training(model)
+
+
 def remove(pipe_or_model) -> int:
-    """Restores every module that :func:`inject` patched; returns how many. A model injected
-    with ``precision="fp8"`` cannot be restored (its weights were quantized): that raises,
-    and nothing is changed."""
+    """Restores every module that :func:`inject` patched, and each attention processor's
+    backend (unless set again since); returns how many. A model injected with
+    ``precision="fp8"`` cannot be restored (its weights were quantized): that raises, and
+    nothing is changed."""
     models = _models(pipe_or_model)
     for model in models:
         _fp8.check_removable(model)
-    return sum(unpatch_all(model) for model in models)
+    # Backends first: an LTX processor of ours holds the stock one's until unpatched.
+    return sum(_diffusers_attention.restore_backends(model) + unpatch_all(model) for model in models)
 
 
 @contextlib.contextmanager

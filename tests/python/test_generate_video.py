@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, rel_err
 
 pytest.importorskip("diffusers")
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "generate_video.py"
@@ -60,6 +60,21 @@ def test_precision_fp8_cpu(tmp_path):
     assert summary["precision"] == "fp8" and len(summary["step_ms"]) == 2
     with pytest.raises(SystemExit, match="drop --no-optimized-kernels"):
         load_script().main(["--random-weights", "--precision", "fp8", "--no-optimized-kernels"])
+
+
+def test_attention_cpu(tmp_path):
+    """--attention 8bit reaches inject: the transformer's attention modules run ltx_kernels_8bit,
+    whose latents are within 8-bit error of SDPA's, not equal to them."""
+    args = ["--random-weights", "--config", "tiny", "--device", "cpu", "--num-frames", "9", "--height", "64",
+            "--width", "96", "--steps", "2"]
+    sdpa = load_script().main(args + ["--output", str(tmp_path / "sdpa.mp4")])
+    ours = load_script().main(args + ["--attention", "8bit", "--output", str(tmp_path / "ours.mp4")])
+    assert sdpa["attention"] == "sdpa" and not any("attention backend" in kind for kind in sdpa["kernels"])
+    assert ours["attention"] == "8bit" and ours["kernels"]["LTXAttention (attention backend 'ltx_kernels_8bit')"] == 4
+    err = rel_err(torch.load(tmp_path / "ours.pt"), torch.load(tmp_path / "sdpa.pt"))
+    assert 1e-5 < err < 4e-2, err
+    with pytest.raises(SystemExit, match="--attention bf16 runs through ltx_kernels: drop --no-optimized-kernels"):
+        load_script().main(["--random-weights", "--attention", "bf16", "--no-optimized-kernels"])
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")

@@ -8,8 +8,9 @@ reference) and in each mode, and the relative L2 distance of the final latents t
 ones is reported; "1 step" is one transformer forward (CFG batch 2, timestep 500), whose
 output is compared the same way (a 1-step denoise is undefined with LTX's scheduler, whose
 terminal shift divides by zero at one step). Modes: bf16 eager, ours bf16 (``inject``), ours FP8
-(``inject(precision="fp8")``) and torchao FP8 row-wise (skipped with a message when torchao is
-not installed). Every mode starts from the fp32 weights cast to bf16.
+(``inject(precision="fp8")``), ours FP8 with our 8-bit attention
+(``inject(precision="fp8", attention="8bit")``) and torchao FP8 row-wise (skipped with a message
+when torchao is not installed). Every mode starts from the fp32 weights cast to bf16.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from ltx_kernels.bench import harness, ltx_models
 from ltx_kernels.bench.ltx_e2e import available_modes
 
-MODES = ["eager", "ours", "ours-fp8", "torchao-fp8"]
+MODES = ["eager", "ours", "ours-fp8", "ours-fp8+attn8bit", "torchao-fp8"]
 
 
 def _prepare(reference_model, mode: str):
@@ -36,6 +37,8 @@ def _prepare(reference_model, mode: str):
         lkd.inject(model)
     elif mode == "ours-fp8":
         lkd.inject(model, precision="fp8")
+    elif mode == "ours-fp8+attn8bit":
+        lkd.inject(model, precision="fp8", attention="8bit")
     elif mode == "torchao-fp8":
         _torchao_fp8(model)
     return model

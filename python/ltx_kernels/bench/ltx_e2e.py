@@ -6,13 +6,17 @@
 Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
 as shared/ANCHORS.md measures. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
-(``ltx_kernels.diffusers.inject``), ours + torch.compile, and ours captured in one CUDA graph;
-then, each on a fresh copy of the same random weights (quantizing is one-way): ours in FP8
-(``inject(precision="fp8")``), alone, with torch.compile and in a CUDA graph, and the anchor torchao FP8
+(``ltx_kernels.diffusers.inject``), ours + torch.compile, ours captured in one CUDA graph, and ours
+with our 8-bit attention (``inject(attention="8bit")``: the ``ltx_kernels_8bit`` diffusers attention
+backend instead of SDPA), alone and with torch.compile; then, each on a fresh copy of the same
+random weights (quantizing is one-way): ours in FP8 (``inject(precision="fp8")``), alone, with
+torch.compile and in a CUDA graph, ours in FP8 with the 8-bit attention, alone and with
+torch.compile, and the anchor torchao FP8
 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``) + torch.compile, skipped
 with a message when torchao is not installed.
 Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
-the kernel-time split from the profiler (GEMM / attention / everything else), the step's
+the kernel-time split from the profiler (GEMM / attention / everything else: the attention
+column is the attention share of the step, its 8-bit quantization passes included), the step's
 output error against stock eager, and the time of a ``--loop-steps`` denoising loop through
 LTXPipeline (scheduler and CFG included).
 """
@@ -28,10 +32,12 @@ import torch
 
 from ltx_kernels.bench import harness, ltx_models
 
-MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
-         "ours-fp8+cudagraph", "torchao-fp8+compile"]
+MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attn8bit", "ours+attn8bit+compile",
+         "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile",
+         "torchao-fp8+compile"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
-QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "torchao-fp8+compile")
+QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile",
+             "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -48,10 +54,11 @@ def _set_mode(model, mode: str) -> None:
         for block in model.transformer_blocks:
             block._compiled_call_impl = None
     torch._dynamo.reset()
+    attention = "8bit" if "+attn8bit" in mode else None
     if mode.startswith("ours-fp8"):
-        lkd.inject(model, precision="fp8")
+        lkd.inject(model, precision="fp8", attention=attention)
     elif mode.startswith("ours"):
-        lkd.inject(model)
+        lkd.inject(model, attention=attention)
     elif mode.startswith("torchao"):
         _torchao_fp8(model)
     if mode.endswith("compile"):
@@ -158,8 +165,10 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
     for frames in sorted({r["frames"] for r in rows}):
         by = {r["mode"]: r["step_ms"] for r in rows if r["frames"] == frames}
         pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
+                 ("ours+attn8bit", "ours"), ("ours+attn8bit+compile", "ours+compile"),
                  ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
-                 ("ours-fp8+cudagraph", "torchao-fp8+compile")]
+                 ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attn8bit", "ours-fp8"),
+                 ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
 
@@ -178,7 +187,8 @@ def plot(json_path: str, png_path: str) -> None:
     for ax, f in zip(axes[0], frames):
         by = {r["mode"]: r for r in rows if r["frames"] == f}
         xs = [m for m in modes if m in by]
-        colors = ["#999", "#666", "#4a8", "#287", "#165", "#48c", "#26a", "#148", "#c84"]
+        colors = ["#999", "#666", "#4a8", "#287", "#165", "#6b9", "#3a7", "#48c", "#26a", "#148", "#7ad", "#59c",
+                  "#c84"]
         ax.bar(xs, [by[m]["step_ms"] for m in xs], color=[colors[MODES.index(m)] for m in xs])
         for i, m in enumerate(xs):
             ax.text(i, by[m]["step_ms"], f"{by[m]['step_ms']:.1f}", ha="center", va="bottom", fontsize=8)

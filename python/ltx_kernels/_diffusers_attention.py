@@ -1,0 +1,241 @@
+"""``ltx_kernels.attention`` as diffusers attention backends, and ``inject(..., attention=...)``.
+
+Two backends of diffusers' attention dispatcher (``diffusers/models/attention_dispatch.py``),
+registered when :mod:`ltx_kernels.diffusers` is imported (nothing happens without diffusers):
+
+- ``"ltx_kernels"``: ``ltx_kernels.attention(precision="bf16")``, exact attention;
+- ``"ltx_kernels_8bit"``: ``precision="8bit"``, SageAttention's method (q and k in INT8 with
+  per-block scales, k smoothed by its mean over the keys).
+
+Any model whose attention processors call ``dispatch_attention_fn`` selects them with diffusers'
+own API (``model.set_attention_backend("ltx_kernels_8bit")``, ``with attention_backend(...)``)
+or with ``inject(..., attention="bf16" | "8bit")``, which sets them per processor (see
+:func:`use_backend`).
+
+They take diffusers' ``[B, S, H, D]`` layout and call the op on transposed views (no copy),
+with diffusers' mask semantics (those of its ``native`` backend: SDPA's, plus a ``[B, Sk]``
+mask read as key padding). They refuse, with a ValueError naming the backend and the
+argument, what the op does not compute: ``dropout_p > 0``, ``is_causal=True``,
+``return_lse=True``, q and k head counts that differ without ``enable_gqa=True``, and on CUDA
+anything but bf16/fp16 with head_dim 64 or 128. These checks run on every call: diffusers'
+registry ``constraints`` only run with ``DIFFUSERS_ATTN_CHECKS=1``, so none are declared.
+Forward-only, like every ltx_kernels op.
+
+Context parallelism: diffusers has one flag for both of its kinds, and it is declared, for
+Ulysses (an all-to-all of heads around a plain forward, which the backends run through
+diffusers' own ``_templated_context_parallel_attention``). Ring attention merges per-shard
+results by their log-sum-exp, which ``ltx_kernels.attention`` does not return: a ring degree
+> 1 raises on the first call, and ``inject(..., attention=...)`` refuses such a model up front.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from . import ops
+from ._patching import Report
+
+# inject's attention= value -> backend name (and the op's precision of the same name).
+BACKENDS = {"bf16": "ltx_kernels", "8bit": "ltx_kernels_8bit"}
+# What the CUDA kernel runs (include/ltx_kernels/attention.h, cuda_support): checked here so the
+# error names the backend and the way out; the CPU reference takes any head_dim and fp32 too.
+_CUDA_DTYPES = (torch.bfloat16, torch.float16)
+_CUDA_HEAD_DIMS = (64, 128)
+# On a processor: (its backend before the first inject, the backend inject set).
+_STATE = "_ltx_kernels_attention_backend"
+
+
+def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor:
+    """The op on ``[B, S, H, D]`` tensors, as ``[B, H, S, D]`` views; returns ``[B, S, H, D]``."""
+    if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
+        attn_mask = attn_mask[:, None, None]  # [B, Sk] key padding, as diffusers' native backend reads it
+    out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                        scale=scale, attn_mask=attn_mask, precision=precision)
+    return out.transpose(1, 2)
+
+
+def _check(name: str, query, key, dropout_p, is_causal, enable_gqa, return_lse) -> None:
+    if dropout_p != 0.0:
+        raise ValueError(f"attention backend '{name}': dropout_p must be 0 (no dropout in ltx_kernels.attention), "
+                         f"got {dropout_p}")
+    if is_causal:
+        raise ValueError(f"attention backend '{name}': is_causal=True is not supported (ltx_kernels.attention is "
+                         "non-causal; pass a mask as attn_mask)")
+    if return_lse:
+        raise ValueError(f"attention backend '{name}': return_lse=True is not supported (ltx_kernels.attention does "
+                         "not return the log-sum-exp, which ring attention needs)")
+    if query.shape[2] != key.shape[2] and not enable_gqa:
+        raise ValueError(f"attention backend '{name}': query has {query.shape[2]} heads and key {key.shape[2]}: "
+                         "pass enable_gqa=True for grouped-query attention")
+    if query.is_cuda and (query.dtype not in _CUDA_DTYPES or query.shape[-1] not in _CUDA_HEAD_DIMS):
+        raise ValueError(
+            f"attention backend '{name}': on CUDA, query, key and value must be bfloat16 or float16 with head_dim "
+            f"{' or '.join(map(str, _CUDA_HEAD_DIMS))}, got {query.dtype} with head_dim {query.shape[-1]}: run this "
+            "model with another backend "
+            "(model.set_attention_backend(...), or inject(..., attention=None))"
+        )
+
+
+def _forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None, *, precision: str):
+    """What diffusers' context-parallel template calls on each rank (Ulysses: every token of
+    1 / degree of the heads, gathered by an all-to-all); the backend function checked the
+    arguments."""
+    return _attend(query, key, value, attn_mask, scale, precision)
+
+
+def _backward_op(ctx, grad_out, *args, name: str, **kwargs):
+    raise RuntimeError(f"attention backend '{name}' is forward-only: ltx_kernels.attention has no backward yet. "
+                       "Train with another attention backend.")
+
+
+def _backend_function(precision: str):
+    name = BACKENDS[precision]
+
+    # The parameter names are what the dispatcher passes (it filters its arguments by them).
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False, return_lse=False, _parallel_config=None):
+        _check(name, query, key, dropout_p, is_causal, enable_gqa, return_lse)
+        if _parallel_config is None:
+            return _attend(query, key, value, attn_mask, scale, precision)
+        if _parallel_config.context_parallel_config.ring_degree > 1:
+            raise ValueError(f"attention backend '{name}': ring attention (ring_degree > 1) is not supported: it "
+                             "merges shards by their log-sum-exp, which ltx_kernels.attention does not return. "
+                             "Use Ulysses (ulysses_degree) alone.")
+        from diffusers.models.attention_dispatch import _templated_context_parallel_attention
+
+        return _templated_context_parallel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            forward_op=functools.partial(_forward_op, precision=precision),
+            backward_op=functools.partial(_backward_op, name=name),
+            _parallel_config=_parallel_config,
+        )
+
+    attention.__name__ = attention.__qualname__ = f"{name}_attention"
+    return attention
+
+
+def _backend_name(value: str):
+    """The ``AttentionBackendName`` member of ``value``, added if absent.
+
+    diffusers parses backend names with this closed Enum in ``set_attention_backend``,
+    ``attention_backend(...)`` and ``dispatch_attention_fn`` and offers no way to extend it, so
+    the member is added as the Enum metaclass adds one: an instance of the class with its
+    name and value, in the class's member maps and as its attribute."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    member = AttentionBackendName._value2member_map_.get(value)
+    if member is None:
+        member = str.__new__(AttentionBackendName, value)
+        member._name_, member._value_ = value.upper(), value
+        member.__objclass__ = AttentionBackendName
+        member._sort_order_ = len(AttentionBackendName._member_names_)
+        setattr(AttentionBackendName, member._name_, member)
+        AttentionBackendName._member_names_.append(member._name_)
+        AttentionBackendName._member_map_[member._name_] = member
+        AttentionBackendName._value2member_map_[value] = member
+    return member
+
+
+def register() -> bool:
+    """Registers both backends with diffusers' dispatcher (again: the same entries); False when
+    diffusers or its dispatcher (diffusers >= 0.35) is not installed."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    except ImportError:
+        return False
+    for precision, name in BACKENDS.items():
+        _AttentionBackendRegistry.register(_backend_name(name), supports_context_parallel=True)(
+            _backend_function(precision)
+        )
+    return True
+
+
+def _attention_modules(model: nn.Module):
+    """(name, module) of the attention modules that ``set_attention_backend`` walks."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention, MochiAttention
+
+    classes = (Attention, MochiAttention, AttentionModuleMixin)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
+
+
+def _dispatched(module: nn.Module) -> bool:
+    """Whether the module's processor calls ``dispatch_attention_fn`` with its own backend."""
+    return module.processor is not None and hasattr(module.processor, "_attention_backend")
+
+
+def check_arguments(attention, registered: bool) -> None:
+    if attention is not None and attention not in tuple(BACKENDS):  # a tuple: an unhashable value fails here too
+        raise ValueError(f"inject: attention must be None, 'bf16' or '8bit', got {attention!r}")
+    if attention is not None and not registered:
+        raise RuntimeError("inject: attention= needs diffusers' attention dispatcher "
+                           "(diffusers.models.attention_dispatch, diffusers >= 0.35), which is not installed")
+
+
+def check_model(model: nn.Module, attention) -> None:
+    """Refuses, before anything changes, a model that runs ring attention (see the module doc)."""
+    if attention is None:
+        return
+    for name, module in _attention_modules(model):
+        config = getattr(module.processor, "_parallel_config", None)
+        cp = getattr(config, "context_parallel_config", None)
+        if cp is not None and cp.ring_degree > 1:
+            raise ValueError(f"inject: attention={attention!r} cannot run {type(model).__name__}.{name}: its context "
+                             f"parallelism has ring_degree {cp.ring_degree}, and ring attention needs the "
+                             "log-sum-exp, which ltx_kernels.attention does not return (Ulysses alone works)")
+
+
+def use_backend(model: nn.Module, attention: str, report: Report) -> None:
+    """Sets the ``attention`` backend on every attention processor of ``model`` that goes
+    through diffusers' dispatcher, remembering on the processor what it had, for
+    :func:`restore_backends`.
+
+    Per processor, as ``set_attention_backend`` does it, but without its other effect: that also
+    makes the backend the process-wide default of every model whose processors have none.
+    A backend the user set before is replaced (said in ``report.notes``); modules whose
+    processor computes attention itself are listed in ``report.skipped``."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    backend = AttentionBackendName(BACKENDS[attention])
+    model_name = type(model).__name__
+    replaced, not_dispatched = {}, {}
+    for _, module in _attention_modules(model):
+        processor = module.processor
+        if not _dispatched(module):
+            kind = type(processor).__name__
+            not_dispatched[kind] = not_dispatched.get(kind, 0) + 1
+            continue
+        current, state = processor._attention_backend, processor.__dict__.get(_STATE)
+        if state is not None and current == state[1]:  # as an earlier inject left it
+            if current == backend:
+                continue  # nothing new
+            previous = state[0]  # what remove() restores stays what the model had before it
+        else:  # None (the process-wide default) or the user's backend
+            previous = current
+            if current is not None and current != backend:
+                key = getattr(current, "value", current)
+                replaced[key] = replaced.get(key, 0) + 1
+        processor._attention_backend = backend
+        processor.__dict__[_STATE] = (previous, backend)
+        report.patched[f"{type(module).__name__} (attention backend '{backend.value}')"] += 1
+    for old, count in replaced.items():
+        report.notes.append(f"{model_name}: attention backend '{old}', set before inject, replaced by "
+                            f"'{backend.value}' on {count} modules; remove() restores it")
+    for kind, count in not_dispatched.items():
+        report.skipped.append(f"{model_name}: {count} attention modules with {kind}, which does not call diffusers' "
+                              f"attention dispatcher: not '{backend.value}'")
+
+
+def restore_backends(model: nn.Module) -> int:
+    """Gives each processor :func:`use_backend` set the backend it had before, unless the user
+    set another since (theirs stays); returns how many modules it covered."""
+    modules = [m for _, m in _attention_modules(model) if _dispatched(m) and _STATE in m.processor.__dict__]
+    for processor in {id(m.processor): m.processor for m in modules}.values():  # processors may be shared
+        previous, ours = processor.__dict__.pop(_STATE)
+        if processor._attention_backend == ours:
+            processor._attention_backend = previous
+    return len(modules)
