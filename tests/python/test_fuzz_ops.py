@@ -1,0 +1,345 @@
+"""Property-based fuzz of the ops (issue 19), through torch.ops.ltx_kernels as a user calling
+them directly would, with hypothesis (derandomized: the same cases on every run).
+
+Valid calls (odd sizes, zero rows, every dtype, strided, non-collapsible and row-broadcast
+layouts of every tensor argument) must match the plain-torch formula in fp64, on the CPU and
+(when there is one) the GPU, and the Meta implementation must give the same shapes and dtypes. Invalid calls (one tensor argument
+broken: wrong dtype, wrong size, a strided or expanded last dim, a 0-dim tensor, another
+device) must raise TypeError or ValueError naming the argument, on the CPU, Meta and CUDA alike.
+A crash (segfault) fails the run. FUZZ_EXAMPLES sets the cases per op and kind (CI default;
+a long run: FUZZ_EXAMPLES=2000).
+"""
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DTYPES, HAS_CUDA, assert_close
+from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
+from test_fp8 import torch_quantize
+from test_layer_norm import layer_norm_formula
+from test_rms_norm import rms_norm_formula
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+ops = torch.ops.ltx_kernels
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "130"))  # x 12 builders x 2 kinds: >= 3,000 cases
+SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=list(HealthCheck))
+SIZES = [1, 2, 7, 16, 33, 64, 130]
+
+
+@dataclass
+class Arg:
+    """A tensor argument: its name (as the op's schema says), its tensor, and whether the op
+    documents copying it to a contiguous tensor (per-channel weight and bias vectors: any
+    layout is then valid)."""
+
+    name: str
+    tensor: torch.Tensor
+    copied: bool = False
+
+
+@dataclass
+class Call:
+    op: str
+    args: list  # Arg or plain values, in the schema's order
+    kwargs: dict = field(default_factory=dict)
+    # Tolerance scale (conftest.assert_close): two roundings to dtype on the fused paths (h,
+    # then the output); a GEMM's summation order in fp32 needs more.
+    scale: float = 2.0
+    exact: bool = False  # the formula gives the output bit for bit (the FP8 format)
+
+    def run(self, device=None):
+        def move(a):
+            t = a.tensor if isinstance(a, Arg) else a
+            if device is None or not isinstance(t, torch.Tensor):
+                return t
+            # Keeps the strides (a strided view stays strided on the other device).
+            moved = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
+            return moved if device == "meta" else moved.copy_(t)
+
+        out = getattr(ops, self.op)(*[move(a) for a in self.args], **{k: move(v) for k, v in self.kwargs.items()})
+        return out
+
+    def tensors(self):
+        return [a for a in self.args if isinstance(a, Arg) and a.tensor is not None]
+
+
+def laid_out(draw, t: torch.Tensor) -> torch.Tensor:
+    """t's values in one of the layouts a caller may pass: as is, rows that are a slice of a
+    wider tensor, or (3 dims) leading dims that do not collapse into one row stride."""
+    layout = draw(st.sampled_from(["contiguous", "row_strided", "non_collapsible"]))
+    if layout == "row_strided" and t.dim() >= 2:
+        wide = torch.empty(*t.shape[:-1], t.shape[-1] + 5, dtype=t.dtype)
+        wide[..., 3:3 + t.shape[-1]] = t
+        return wide[..., 3:3 + t.shape[-1]]
+    if layout == "non_collapsible" and t.dim() == 3:
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    return t
+
+
+def rows_shape(draw, d):
+    lead = draw(st.sampled_from([(), (0,), (1,), (3,), (2, 3), (1, 4), (3, 1), (2, 0)]))
+    return (*lead, d) if lead else (draw(st.sampled_from([1, 2, 5])), d)
+
+
+def randn(shape, dtype):
+    return torch.randn(shape).to(dtype)
+
+
+def per_row_vector(draw, x_shape, dtype, name):
+    """scale / shift / gate: [D], [B, 1, D] (per batch, 3-dim x) or per token (x's shape)."""
+    d = x_shape[-1]
+    kinds = ["vector", "per_token"] + (["per_batch"] if len(x_shape) == 3 else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "vector":
+        return Arg(name, randn((d,), dtype))
+    if kind == "per_batch":
+        return Arg(name, laid_out(draw, randn((x_shape[0], 1, d), dtype)))
+    return Arg(name, laid_out(draw, randn(x_shape, dtype)))
+
+
+def optional(draw, make):
+    return make() if draw(st.booleans()) else None
+
+
+# Each builder draws a valid call and returns it with its fp64 formula.
+
+
+def build_rms_norm(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    w = optional(draw, lambda: randn((shape[-1],), dtype))
+    offset = draw(st.sampled_from([0.0, 1.0]))
+    call = Call("rms_norm", [x, Arg("weight", w, copied=True), 1e-6, offset])
+    return call, lambda: rms_norm_formula(x.tensor, w, 1e-6, offset)
+
+
+def build_layer_norm(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    w = optional(draw, lambda: randn((shape[-1],), dtype))
+    b = optional(draw, lambda: randn((shape[-1],), dtype))
+    call = Call("layer_norm", [x, Arg("weight", w, copied=True), Arg("bias", b, copied=True), 1e-5])
+    return call, lambda: layer_norm_formula(x.tensor, w, b, 1e-5)
+
+
+def build_fused_add_rms_norm(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    residual = Arg("residual", laid_out(draw, randn(shape, dtype)))
+    w = optional(draw, lambda: randn((shape[-1],), dtype))
+
+    def formula():
+        h = (x.tensor.double() + residual.tensor.double()).to(dtype)
+        return rms_norm_formula(h, w, 1e-6), h
+
+    return Call("fused_add_rms_norm", [x, residual, Arg("weight", w, copied=True), 1e-6]), formula
+
+
+def build_adaln(draw, dtype, layer):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    scale, shift = per_row_vector(draw, shape, dtype, "scale"), per_row_vector(draw, shape, dtype, "shift")
+    w = optional(draw, lambda: randn((shape[-1],), dtype))
+    if layer:
+        b = optional(draw, lambda: randn((shape[-1],), dtype))
+        call = Call("adaln_layer_norm", [x, scale, shift, Arg("weight", w, copied=True), Arg("bias", b, copied=True),
+                                         1e-6])
+        normed = lambda: layer_norm_formula(x.tensor, w, b, 1e-6)  # noqa: E731
+    else:
+        call = Call("adaln_rms_norm", [x, scale, shift, Arg("weight", w, copied=True), 1e-6])
+        normed = lambda: rms_norm_formula(x.tensor, w, 1e-6)  # noqa: E731
+    return call, lambda: normed() * (1 + scale.tensor.double()) + shift.tensor.double()
+
+
+def build_gated_residual_adaln_rms_norm(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    y = Arg("y", laid_out(draw, randn(shape, dtype)))
+    gate = per_row_vector(draw, shape, dtype, "gate") if draw(st.booleans()) else Arg("gate", None)
+    scale, shift = per_row_vector(draw, shape, dtype, "scale"), per_row_vector(draw, shape, dtype, "shift")
+    w = optional(draw, lambda: randn((shape[-1],), dtype))
+
+    def formula():
+        g = 1.0 if gate.tensor is None else gate.tensor.double()
+        x_new = (x.tensor.double() + y.tensor.double() * g).to(dtype)
+        normed = rms_norm_formula(x_new, w, 1e-6) * (1 + scale.tensor.double()) + shift.tensor.double()
+        return x_new, normed
+
+    call = Call("gated_residual_adaln_rms_norm", [x, y, gate, scale, shift, Arg("weight", w, copied=True), 1e-6])
+    return call, formula
+
+
+def build_gated_residual(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    y = Arg("y", laid_out(draw, randn(shape, dtype)))
+    gate = per_row_vector(draw, shape, dtype, "gate") if draw(st.booleans()) else Arg("gate", None)
+    g = lambda: 1.0 if gate.tensor is None else gate.tensor.double()  # noqa: E731
+    return Call("gated_residual", [x, y, gate]), lambda: x.tensor.double() + y.tensor.double() * g()
+
+
+def build_activation(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype) * 3))
+    return Call("gelu_tanh", [x]), lambda: gelu_tanh_formula(x.tensor)
+
+
+def build_and_mul(draw, dtype):
+    op, act = draw(st.sampled_from([("gelu_tanh_and_mul", gelu_tanh_formula), ("gelu_and_mul", gelu_formula),
+                                    ("silu_and_mul", silu_formula)]))
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    a = Arg("a", laid_out(draw, randn(shape, dtype) * 3))
+    b = Arg("b", laid_out(draw, randn(shape, dtype)))
+    return Call(op, [a, b]), lambda: act(a.tensor) * b.tensor.double()
+
+
+def build_glu(draw, dtype):
+    op, approximate = draw(st.sampled_from([("geglu", "tanh"), ("geglu", "none"), ("swiglu", None)]))
+    shape = rows_shape(draw, 2 * draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype) * 3))
+    act = silu_formula if op == "swiglu" else gelu_tanh_formula if approximate == "tanh" else gelu_formula
+    h = shape[-1] // 2
+    call = Call(op, [x] + ([approximate] if op == "geglu" else []))
+    return call, lambda: act(x.tensor[..., :h]) * x.tensor[..., h:].double()
+
+
+def build_linear_gelu_tanh(draw, dtype):
+    k, n = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
+    shape = rows_shape(draw, k)
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    w = Arg("weight", laid_out(draw, randn((n, k), dtype) / math.sqrt(k)), copied=True)  # any layout: a GEMM operand
+    b = Arg("bias", randn((n,), dtype), copied=True)
+    call = Call("linear_gelu_tanh", [x, w, b], scale=10.0 if dtype == torch.float32 else 2.0)
+    return call, lambda: F.gelu(
+        x.tensor.double() @ w.tensor.double().T + b.tensor.double(), approximate="tanh")
+
+
+def build_quantize_fp8(draw, dtype):
+    shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
+    x = Arg("x", laid_out(draw, randn(shape, dtype)))
+    return Call("quantize_fp8", [x, "none"], exact=True), lambda: torch_quantize(x.tensor)
+
+
+BUILDERS = {
+    "rms_norm": build_rms_norm,
+    "layer_norm": build_layer_norm,
+    "fused_add_rms_norm": build_fused_add_rms_norm,
+    "adaln_rms_norm": lambda draw, dtype: build_adaln(draw, dtype, layer=False),
+    "adaln_layer_norm": lambda draw, dtype: build_adaln(draw, dtype, layer=True),
+    "gated_residual_adaln_rms_norm": build_gated_residual_adaln_rms_norm,
+    "gated_residual": build_gated_residual,
+    "gelu_tanh": build_activation,
+    "and_mul": build_and_mul,
+    "glu": build_glu,
+    "linear_gelu_tanh": build_linear_gelu_tanh,
+    "quantize_fp8": build_quantize_fp8,
+}
+
+
+@st.composite
+def valid_calls(draw, builder):
+    torch.manual_seed(draw(st.integers(0, 2**31 - 1)))  # the tensors' values: part of the case
+    dtype = draw(st.sampled_from(DTYPES))
+    return (dtype, *BUILDERS[builder](draw, dtype))
+
+
+def check_matches(out, ref, dtype, call):
+    if isinstance(ref, tuple):
+        assert isinstance(out, tuple) and len(out) == len(ref)
+        for o, r in zip(out, ref):
+            check_matches(o, r, dtype, call)
+        return
+    if call.exact:
+        assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    else:
+        assert out.dtype == dtype
+        assert_close(out, ref, dtype, scale=call.scale)
+
+
+def to_cpu(out):
+    return tuple(o.cpu() for o in out) if isinstance(out, (tuple, list)) else out.cpu()
+
+
+def shapes_of(out):
+    if isinstance(out, (tuple, list)):
+        return [shapes_of(o) for o in out]
+    return (tuple(out.shape), out.dtype)
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@SETTINGS
+@given(data=st.data())
+def test_valid_calls_match_the_formula(builder, data):
+    dtype, call, formula = data.draw(valid_calls(builder))
+    out, ref = call.run(), formula()
+    check_matches(out, ref, dtype, call)
+    assert shapes_of(call.run("meta")) == shapes_of(out)
+    if HAS_CUDA:
+        check_matches(to_cpu(call.run("cuda")), ref, dtype, call)
+
+
+# Ways to break one tensor argument: each is invalid for every tensor argument of every op
+# (but the layouts, for an argument the op copies).
+BREAKS = ["int_dtype", "float64", "wider_last_dim", "strided_last_dim", "expanded_last_dim", "zero_dim", "device"]
+
+
+def broken(arg: Arg, how: str) -> torch.Tensor:
+    t = arg.tensor
+    if how == "int_dtype":
+        return t.to(torch.int32)
+    if how == "float64":
+        return t.double()
+    if how == "wider_last_dim":
+        return torch.cat([t, t[..., :1]], -1)
+    if how == "strided_last_dim":
+        wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        return wide[..., ::2]
+    if how == "expanded_last_dim":
+        return t[..., :1].expand(t.shape)
+    if how == "zero_dim":
+        return t.flatten()[0] if t.numel() else torch.tensor(0.0, dtype=t.dtype)
+    if how == "device":
+        return t.to("meta")
+    raise ValueError(how)
+
+
+@st.composite
+def invalid_calls(draw, builder):
+    _, call, _ = draw(valid_calls(builder))
+    candidates = [i for i, a in enumerate(call.args) if isinstance(a, Arg) and a.tensor is not None]
+    i = draw(st.sampled_from(candidates))
+    arg = call.args[i]
+    alone = len(candidates) == 1  # nothing to disagree with in size or device
+    hows = [h for h in BREAKS
+            # A last dim of 1 has no stride to break; a copied argument may have any layout.
+            if not (h in ("strided_last_dim", "expanded_last_dim") and (arg.tensor.shape[-1] <= 1 or arg.copied))
+            and not (h in ("wider_last_dim", "device") and alone)]
+    how = draw(st.sampled_from(hows))
+    call.args[i] = Arg(arg.name, broken(arg, how), arg.copied)
+    return call, arg.name, how
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@SETTINGS
+@given(data=st.data())
+def test_invalid_calls_raise_clear_errors(builder, data):
+    call, name, how = data.draw(invalid_calls(builder))
+    with pytest.raises((TypeError, ValueError)) as cpu:
+        call.run()
+    message = str(cpu.value)
+    # The argument is named (the whole message: the op is named by torch's dispatcher frame
+    # for schema errors, and by our checks otherwise).
+    assert name in message or (how == "int_dtype" and "dtype" in message), (how, name, message)
+    if how != "device":
+        for device in ["meta"] + (["cuda"] if HAS_CUDA else []):
+            with pytest.raises(type(cpu.value)):
+                call.run(device)
