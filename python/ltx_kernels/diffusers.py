@@ -112,13 +112,13 @@ def _generic_patch(module: nn.Module):
     return None
 
 
-def _models(pipe_or_model) -> list[nn.Module]:
+def _models(fn: str, pipe_or_model) -> list[nn.Module]:
     if isinstance(pipe_or_model, nn.Module):
         # Any module holding diffusers modules (a model, or the user's own container of them);
         # one with none is a mistake (e.g. a transformers model: see ltx_kernels.transformers).
         if not any(type(m).__module__.startswith("diffusers.") for m in pipe_or_model.modules()):
             raise TypeError(
-                f"inject: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__} "
+                f"{fn}: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__} "
                 "holding no diffusers module (transformers models: ltx_kernels.transformers.apply)"
             )
         return [pipe_or_model]
@@ -127,7 +127,7 @@ def _models(pipe_or_model) -> list[nn.Module]:
     components = getattr(pipe_or_model, "components", None)
     if components is None:
         raise TypeError(
-            f"inject: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__}"
+            f"{fn}: pipe_or_model must be a diffusers pipeline or model, got {type(pipe_or_model).__name__}"
         )
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 
@@ -188,11 +188,11 @@ def inject(
     library's forward, read by no fused kernel; ``report.notes`` lists those modules, and
     ``precision="fp8"`` leaves them as they are (listed in ``report.skipped``).
     """
-    if rope not in ("exact", "stock"):
-        raise ValueError(f"rope must be 'exact' or 'stock', got {rope!r}")
-    _fp8.check_arguments(precision, fp8_skip)
+    rope = ops._choice("inject", "rope", rope, ("exact", "stock"))
+    precision = ops._choice("inject", "precision", precision, _fp8.PRECISIONS)
+    fp8_skip = ops._strings("inject", "fp8_skip", fp8_skip)
     _diffusers_attention.check_arguments(attention, _ATTENTION_REGISTERED)
-    models = _models(pipe_or_model)
+    models = _models("inject", pipe_or_model)
     for model in models:
         _fp8.check_precision(model, precision)
         _diffusers_attention.check_model(model, attention)
@@ -256,7 +256,7 @@ def remove(pipe_or_model) -> int:
     backend (unless set again since); returns how many. A model injected with
     ``precision="fp8"`` cannot be restored (its weights were quantized): that raises, and
     nothing is changed."""
-    models = _models(pipe_or_model)
+    models = _models("remove", pipe_or_model)
     for model in models:
         _fp8.check_removable(model)
     # Backends first: an LTX processor of ours holds the stock one's until unpatched.

@@ -18,6 +18,7 @@ build are listed in ``build.toml`` (kernel-builder's format) at the repository r
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ltx_kernels import ops
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -37,19 +40,20 @@ PACKAGE = Path(__file__).parent
 # The package's files a kernel variant carries: the API without the integrations.
 VARIANT_FILES = ("__init__.py", "_ops.py", "ops.py", "layers.py")
 NAMESPACE_LINE = 'NAMESPACE = "ltx_kernels"'
+BACKENDS = ("cuda", "cpu")
 
 
 def variant_name(backend: str) -> str:
     """``torch211-cxx11-cu130-x86_64-linux`` for the running torch (``cpu`` for a CPU build)."""
+    backend = ops._choice("variant_name", "backend", backend, BACKENDS)
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     if backend == "cuda":
         if torch.version.cuda is None:
-            raise RuntimeError("backend 'cuda' needs a CUDA build of torch; this one is CPU only")
+            raise RuntimeError("backend 'cuda' needs a CUDA build of torch; this one is CPU only: "
+                               "export the CPU variant instead (backend='cpu', --backend cpu)")
         compute = "cu" + torch.version.cuda.replace(".", "")
-    elif backend == "cpu":
-        compute = "cpu"
     else:
-        raise ValueError(f"backend must be 'cuda' or 'cpu', got {backend!r}")
+        compute = "cpu"
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
     return f"torch{major}{minor}-{abi}-{compute}-{platform.machine()}-{sys.platform}"
 
@@ -104,6 +108,13 @@ def export(
     capabilities such as ``["9.0a"]``, by default those of ``source/build.toml`` (which also
     gives name, version and license).
     """
+    for name, path in (("outdir", outdir), ("source", source)):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"export: {name} must be a path (str or os.PathLike), got {type(path).__name__}")
+    if backend is not None:
+        ops._choice("export", "backend", backend, BACKENDS)
+    if archs is not None:
+        archs = list(ops._strings("export", "archs", archs))
     source = Path(source).resolve()
     build = read_build_toml(source)
     backend = backend or ("cuda" if torch.version.cuda else "cpu")

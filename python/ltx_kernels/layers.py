@@ -27,10 +27,12 @@ _HALF = (torch.float16, torch.bfloat16)
 
 
 def eps_of(module: nn.Module) -> float:
+    """The module's epsilon, checked: a layer's scalar comes from the module whose forward it
+    replaces, so the message names that module's class and attribute."""
     for name in ("variance_epsilon", "eps"):
         value = getattr(module, name, None)
         if value is not None:
-            return float(value)
+            return ops._real(type(module).__name__, name, value, minimum=0.0)
     raise AttributeError(f"{type(module).__name__} has neither `variance_epsilon` nor `eps`")
 
 

@@ -21,11 +21,15 @@ from ._ops import ops as _ops
 
 def _real(fn: str, name: str, value, *, minimum: float | None = None, positive: bool = False) -> float:
     try:
-        if isinstance(value, (bool, str, bytes)):
+        # A tensor would convert too, but its value is data: read on the host it syncs a GPU
+        # and breaks a torch.compile graph.
+        if isinstance(value, (bool, str, bytes, torch.Tensor)):
             raise TypeError
         number = float(value)  # Python and numpy numbers (and SymFloats under torch.compile)
     except (TypeError, ValueError):
         raise TypeError(f"{fn}: {name} must be a real number, got {type(value).__name__}") from None
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{fn}: {name} must be finite, got {value}") from None
     if not -math.inf < number < math.inf:  # NaN too; comparisons also trace under torch.compile
         raise ValueError(f"{fn}: {name} must be finite, got {value}")
     if minimum is not None and number < minimum:
@@ -37,13 +41,15 @@ def _real(fn: str, name: str, value, *, minimum: float | None = None, positive: 
 
 def _integer(fn: str, name: str, value, *, minimum: int | None = None) -> int:
     try:
-        if isinstance(value, bool):
+        if isinstance(value, (bool, torch.Tensor)):  # an integer tensor has __index__: see _real
             raise TypeError
         number = operator.index(value)  # ints, numpy integers, SymInts
     except TypeError:
         raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}") from None
     if minimum is not None and number < minimum:
         raise ValueError(f"{fn}: {name} must be >= {minimum}, got {value}")
+    if not -(2**63) <= number < 2**63:  # the dispatcher's int is int64
+        raise ValueError(f"{fn}: {name} must fit in 64 bits, got {value}")
     return number
 
 
@@ -55,6 +61,21 @@ def _flag(fn: str, name: str, value) -> bool:
 
 def _eps(fn: str, eps) -> float:
     return _real(fn, "eps", eps, minimum=0.0)
+
+
+def _choice(fn: str, name: str, value, choices: tuple[str, ...]) -> str:
+    # isinstance first: `in` would compare a tensor or an array element-wise.
+    if not (isinstance(value, str) and value in choices):
+        raise ValueError(f"{fn}: {name} must be {' or '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _strings(fn: str, name: str, value) -> tuple[str, ...]:
+    # A list or tuple, not any iterable: one str would be taken character by character, and a
+    # generator would be used up by this check.
+    if not (isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value)):
+        raise TypeError(f"{fn}: {name} must be a list or tuple of str, got {value!r}")
+    return tuple(value)
 
 
 def rms_norm(
@@ -177,7 +198,7 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
-# FP8 linear path (DESIGN.md section 6): e4m3 operands with one fp32 scale per row.
+# FP8 linear path: e4m3 operands with one fp32 scale per row.
 
 
 def quantize_fp8(x: torch.Tensor, activation: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +211,7 @@ def quantize_fp8(x: torch.Tensor, activation: str = "none") -> tuple[torch.Tenso
     ``activation="gelu_tanh"`` quantizes ``gelu(x, approximate="tanh")`` computed in fp32 (a
     GELU feed-forward's activation fused into the quantization of the down projection's
     input: one pass instead of two, and no bf16 rounding in between)."""
-    if activation not in ("none", "gelu_tanh"):
-        raise ValueError(f"quantize_fp8: activation must be 'none' or 'gelu_tanh', got {activation!r}")
-    return _ops.quantize_fp8(x, activation)
+    return _ops.quantize_fp8(x, _choice("quantize_fp8", "activation", activation, ("none", "gelu_tanh")))
 
 
 def fp8_linear(
@@ -211,6 +230,8 @@ def fp8_linear(
     rounding to ``out_dtype`` (default: ``x``'s dtype, or ``bias``'s / bfloat16 for an fp8
     ``x``). K and N must be multiples of 16. On CUDA: ``torch._scaled_mm`` (compute capability
     >= 8.9); fp16 / fp32 outputs take one extra pass for the scales."""
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):  # which dtypes: the op says
+        raise TypeError(f"fp8_linear: out_dtype must be a torch.dtype or None, got {type(out_dtype).__name__}")
     if x_scale is None:
         if out_dtype is None:
             out_dtype = x.dtype
@@ -243,8 +264,7 @@ def attention(
     The CPU implementation is that definition (the reference). CUDA: bf16 or fp16 inputs, head
     dim 64 or 128 (others raise); a Hopper wgmma kernel on sm_90, a portable one from sm_80.
     Not yet faster than SDPA's cuDNN backend (benchmarks/results/h100/attention.md)."""
-    if precision not in ("bf16", "8bit"):
-        raise ValueError(f"attention: precision must be 'bf16' or '8bit', got {precision!r}")
+    precision = _choice("attention", "precision", precision, ("bf16", "8bit"))
     if scale is not None:
         scale = _real("attention", "scale", scale)
     return _ops.attention(q, k, v, attn_mask, scale, precision)
@@ -278,7 +298,7 @@ def silu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _gelu_approximate(approximate: bool | str) -> str:
     if isinstance(approximate, bool):
         return "tanh" if approximate else "none"
-    if approximate not in ("tanh", "none"):
+    if not (isinstance(approximate, str) and approximate in ("tanh", "none")):  # as in _choice
         raise ValueError(f"geglu: approximate must be True, False, 'tanh' or 'none', got {approximate!r}")
     return approximate
 
@@ -333,18 +353,33 @@ def apply_rotary_pos_emb(
     fp32 math, one rounding; returns new tensors shaped like q and k.
     """
     fn = "apply_rotary_pos_emb"
+    interleaved = _flag(fn, "interleaved", interleaved)
+    unsqueeze_dim = _integer(fn, "unsqueeze_dim", unsqueeze_dim)
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"{fn}: unsqueeze_dim must be 1 (q, k are [B, H, S, Dh]) or 2 ([B, S, H, Dh]), "
+                         f"got {unsqueeze_dim}")
     if sections is not None:
-        if isinstance(sections, (str, bytes)) or not hasattr(sections, "__iter__"):
+        if not isinstance(sections, (list, tuple)):
             raise TypeError(f"{fn}: sections must be a list of ints or None, got {type(sections).__name__}")
         sections = [_integer(fn, "sections", n, minimum=0) for n in sections]
-    return _ops.apply_rotary_pos_emb(q, k, cos, sin, _flag(fn, "interleaved", interleaved),
-                                     _integer(fn, "unsqueeze_dim", unsqueeze_dim), sections)
+        if not 1 <= len(sections) <= 3 or any(n % 2 for n in sections) or interleaved:
+            raise ValueError(f"{fn}: sections must be 1 to 3 even ints, with interleaved=False, got {sections}")
+    return _ops.apply_rotary_pos_emb(q, k, cos, sin, interleaved, unsqueeze_dim, sections)
 
 
 def _rope_angles(positions: torch.Tensor, dims: int, theta: float) -> torch.Tensor:
     """``positions[:, None] * theta ** (-2i / dims)`` for i < dims / 2, in float64."""
     exponents = torch.arange(0, dims, 2, dtype=torch.float64, device=positions.device) / dims
     return positions.to(torch.float64)[:, None] * theta ** (-exponents)[None, :]
+
+
+def _check_tokens(fn: str, name: str, x: torch.Tensor, grid: list[int], dims: int) -> None:
+    """``x`` of ``dims`` dims (tokens in dim 1) against the grid, before the dispatcher, whose
+    message calls every tensor ``x``; other layouts are the dispatcher's to report."""
+    tokens = grid[0] * grid[1] * grid[2]
+    if x.dim() == dims and x.shape[1] != tokens:
+        raise ValueError(f"{fn}: {name} must have num_frames * height * width = {tokens} tokens in dim 1, "
+                         f"got shape {tuple(x.shape)}")
 
 
 def rope_1d(
@@ -369,6 +404,7 @@ def rope_3d_sections(head_dim: int) -> tuple[int, int, int]:
     """How :func:`rope_3d` splits ``head_dim``: ``t = h = 2 * (head_dim // 6)`` channels for
     frames and height, ``w = 2 * ((head_dim - t - h) // 2)`` for width; an odd last channel
     passes through."""
+    head_dim = _integer("rope_3d_sections", "head_dim", head_dim, minimum=0)
     t = (head_dim // 3) // 2 * 2
     return t, t, (head_dim - 2 * t) // 2 * 2
 
@@ -394,11 +430,7 @@ def rope_3d(
                                  for name, value in (("num_frames", num_frames), ("height", height), ("width", width)))
     theta_base = _real("rope_3d", "theta_base", theta_base, positive=True)
     head_dim = query.shape[-1]
-    if query.shape[1] != num_frames * height * width:
-        raise ValueError(
-            f"query must have num_frames * height * width = {num_frames * height * width} "
-            f"tokens, got shape {tuple(query.shape)}"
-        )
+    _check_tokens("rope_3d", "query", query, [num_frames, height, width], 4)
     device = query.device
     grid = torch.meshgrid(
         torch.arange(num_frames, device=device),
@@ -449,9 +481,9 @@ def _ltx_positions(
     if rope_interpolation_scale is None:
         return grid, [1.0, 1.0, 1.0]
     scale = rope_interpolation_scale
-    if isinstance(scale, (str, bytes)) or not hasattr(scale, "__len__") or len(scale) != 3:
-        raise TypeError(f"{fn}: rope_interpolation_scale must be 3 numbers (frames, height, width) or None, "
-                        f"got {scale!r}")
+    if not isinstance(scale, (list, tuple)) or len(scale) != 3:
+        raise TypeError(f"{fn}: rope_interpolation_scale must be 3 numbers (frames, height, width) in a list or "
+                        f"tuple, or None, got {scale!r}")
     scale = [_real(fn, "rope_interpolation_scale", r) for r in scale]
     patches = [_real(fn, name, value, positive=True) for name, value in
                (("patch_size_t", patch_size_t), ("patch_size", patch_size), ("patch_size", patch_size))]
@@ -486,6 +518,8 @@ def ltx_rope_angles(
         num_frames, height, width, rope_interpolation_scale, video_coords,
         base_num_frames, base_height, base_width, patch_size, patch_size_t, fn="ltx_rope_angles",
     )
+    if video_coords is None:
+        _check_tokens("ltx_rope_angles", "x", x, grid, 3)
     return _ops.ltx_rope_angles(x, grid, scale, video_coords, _real("ltx_rope_angles", "theta", theta, positive=True))
 
 
@@ -518,6 +552,8 @@ def ltx_qk_norm_rope(
         num_frames, height, width, rope_interpolation_scale, video_coords,
         base_num_frames, base_height, base_width, patch_size, patch_size_t, fn=fn,
     )
+    if video_coords is None:
+        _check_tokens(fn, "q", q, grid, 3)
     return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, _eps(fn, eps), grid, scale, video_coords,
                                  _real(fn, "theta", theta, positive=True))
 
@@ -527,14 +563,14 @@ def ltx_qk_norm_rope(
 
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
     """Old name of :func:`rms_norm`."""
-    return rms_norm(input, weight, eps)
+    return rms_norm(input, weight, _eps("rmsnorm", eps))
 
 
 def rmsnorm_residual(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Old name of :func:`fused_add_rms_norm`: returns ``(out, residual_out)``."""
-    return fused_add_rms_norm(input, residual, weight, eps)
+    return fused_add_rms_norm(input, residual, weight, _eps("rmsnorm_residual", eps))
 
 
 def _per_batch(t: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
@@ -559,7 +595,8 @@ def adaln_rmsnorm(
 ) -> torch.Tensor:
     """Old name: ``rms_norm(input) * weight * (1 + scale) + shift`` (:func:`adaln_rms_norm`);
     ``scale``/``shift`` may also be ``[B, D]`` for a ``[B, S, D]`` input."""
-    result = adaln_rms_norm(input, _per_batch(scale, input), _per_batch(shift, input), weight, eps)
+    result = adaln_rms_norm(input, _per_batch(scale, input), _per_batch(shift, input), weight,
+                            _eps("adaln_rmsnorm", eps))
     return _into(result, out)
 
 
@@ -575,7 +612,7 @@ def adaln_layernorm(
     """Old name: ``(layer_norm(input) * weight + bias) * (1 + scale) + shift``
     (:func:`adaln_layer_norm`); ``[B, D]`` modulation accepted as in :func:`adaln_rmsnorm`."""
     result = adaln_layer_norm(
-        input, _per_batch(scale, input), _per_batch(shift, input), weight, bias, eps
+        input, _per_batch(scale, input), _per_batch(shift, input), weight, bias, _eps("adaln_layernorm", eps)
     )
     return _into(result, out)
 
@@ -595,5 +632,5 @@ def adaln_zero(
     the branch output: :func:`gated_residual` / :func:`gated_residual_adaln_rms_norm` fuse it
     where it is used.
     """
-    result = adaln_rmsnorm(input, weight, scale, shift, eps) * _per_batch(gate, input)
+    result = adaln_rmsnorm(input, weight, scale, shift, _eps("adaln_zero", eps)) * _per_batch(gate, input)
     return _into(result, out)

@@ -66,6 +66,8 @@ def check_version(version: str | None = None) -> None:
         import transformers
 
         version = transformers.__version__
+    if not (isinstance(version, str) and version.split(".")[0].isdigit()):
+        raise ValueError(f"check_version: version must be a version string such as '5.17.0', got {version!r}")
     major = int(version.split(".")[0])
     low, high = SUPPORTED_VERSIONS
     if not low <= major < high:
@@ -202,8 +204,8 @@ def _probe_norm(module: nn.Module) -> float | str:
         return "no 1-D weight to check the norm with"
     try:
         eps = eps_of(module)
-    except AttributeError:
-        return "no `eps` / `variance_epsilon`"
+    except (AttributeError, TypeError, ValueError) as error:  # none, or not a number >= 0
+        return str(error)
     probe = copy.deepcopy(module).float().cpu()
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, weight.numel(), generator=generator)
@@ -272,6 +274,13 @@ def _patch_norms_by_class_name(model: nn.Module, model_type: str, report: Report
         report.patched["RMSNorm (rms_norm)"] += 1
 
 
+def _model_type(fn: str, model) -> str:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if not isinstance(model, nn.Module) or model_type is None:
+        raise TypeError(f"{fn}: model must be a transformers PreTrainedModel with a config, got {type(model).__name__}")
+    return model_type
+
+
 def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_FP8_SKIP) -> Report:
     """Patches a transformers model (``LlamaForCausalLM``, ``Qwen3Model``, ...) in place.
 
@@ -286,11 +295,9 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     by launches, which it does not change. Compute capability >= 8.9 on CUDA.
     """
     check_version()
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type is None:
-        raise TypeError(f"model must be a transformers PreTrainedModel with a config, got {type(model).__name__}")
-    _fp8.check_arguments(precision, fp8_skip)
+    model_type = _model_type("apply", model)
+    precision = ops._choice("apply", "precision", precision, _fp8.PRECISIONS)
+    fp8_skip = ops._strings("apply", "fp8_skip", fp8_skip)
     _fp8.check_precision(model, precision)
     report = Report()
     if any(is_patched(m) for m in model.modules()):
@@ -303,7 +310,7 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
         else:
             _patch_norms_by_class_name(model, model_type, report)
         if precision == "fp8":
-            _fp8.quantize_linears(model, tuple(fp8_skip), report)
+            _fp8.quantize_linears(model, fp8_skip, report)
     report.note_training(model)
     for reason in report.skipped:
         warnings.warn(f"ltx_kernels.transformers.apply: {reason}", stacklevel=2)
@@ -314,6 +321,7 @@ def remove(model: nn.Module) -> int:
     """Restores every module that :func:`apply` patched; returns how many. A model patched with
     ``precision="fp8"`` cannot be restored (its weights were quantized): that raises, and
     nothing is changed."""
+    _model_type("remove", model)
     _fp8.check_removable(model)
     return unpatch_all(model)
 

@@ -100,7 +100,7 @@ def test_features_not_multiple_of_16_stay_bf16_and_are_reported():
 
 def test_fp8_is_one_way_and_precisions_do_not_mix():
     model = model16("cpu")
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="inject: precision must be 'bf16' or 'fp8'"):
         lkd.inject(model, precision="int4")
     with pytest.raises(TypeError, match="fp8_skip"):
         lkd.inject(model, precision="fp8", fp8_skip="proj_in")

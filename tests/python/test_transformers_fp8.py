@@ -90,7 +90,7 @@ def test_fp8_quantizes_shared_inputs_once(monkeypatch):
 
 def test_fp8_one_way_and_no_mixing():
     model = fp8_model("qwen2")
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="apply: precision must be 'bf16' or 'fp8'"):
         lt.apply(model, precision="fp16")
     apply_quietly(model)
     with pytest.raises(ValueError, match="already patched with precision='bf16'"):

@@ -1,7 +1,7 @@
 """Micro-benchmark: ``python -m ltx_kernels.bench`` (or ``ltx-kernels bench``).
 
 Times every op against PyTorch eager, torch.compile of the same eager code and Liger-Kernel
-(when installed) at the shapes of shared/ANCHORS.md and at small row counts, prints a
+(when installed) at the shapes of LTX-Video 2B, an 8B LLM and small row counts, prints a
 markdown table and writes JSON.
 """
 
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="*", help="only shapes whose label starts with these")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("ltx-kernels bench needs a CUDA device", file=sys.stderr)
-        return 2
+        return harness.no_cuda("ltx-kernels bench")
 
     copy_gbs = harness.copy_bandwidth_gbs()
     meta = harness.device_meta(copy_gbs)

@@ -1,7 +1,7 @@
 """Attention benchmark: ``ltx-kernels bench attention [--json F] [--markdown F]``
 (or ``python -m ltx_kernels.bench.attention``).
 
-Non-causal forward at the LTX-Video / FLUX shapes of shared/ANCHORS.md and held-out ones, side
+Non-causal forward at LTX-Video / FLUX shapes and held-out ones, side
 by side in one run: SDPA's flash and cuDNN backends, FlashAttention-3 (the ``fa3-fwd`` wheel)
 in bf16 and in FP8 with per-(batch, head) scales, SageAttention (``sageattention``), and ours
 in bf16 and 8-bit. FA3 and SageAttention are optional: absent, their columns say so. TFLOPS
@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="*", help="only shapes whose label starts with these")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("the attention benchmark needs a CUDA device", file=sys.stderr)
-        return 2
+        return harness.no_cuda("the attention benchmark")
     meta = harness.device_meta(harness.copy_bandwidth_gbs())
     shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
     rows = []

@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("the GEMM benchmark needs a CUDA device (FP8: compute capability >= 8.9)", file=sys.stderr)
-        return 2
+        return harness.no_cuda("the GEMM benchmark")
     copy_gbs = harness.copy_bandwidth_gbs()
     meta = harness.device_meta(copy_gbs)
     rows = [run_shape(*shape, copy_gbs) for shape in SHAPES]

@@ -1,7 +1,6 @@
 """Timing and reporting shared by the micro-benchmarks.
 
-Method (shared/DESIGN.md section 5): median GPU time with the L2 flushed between runs (see
-bench_us); bytes that must move (each input read once, each output written once) over
+Method: median GPU time with the L2 flushed between runs (see bench_us); bytes that must move (each input read once, each output written once) over
 time, as a percentage of a large device-to-device copy measured in the same run.
 """
 
@@ -10,10 +9,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from typing import Callable
 
 import torch
+
+# What runs without a GPU, from a checkout of the repository: (command, what it does).
+ON_THE_CPU = (
+    ("python examples/generate_video.py --random-weights", "a tiny LTX-Video model, end to end (under a minute)"),
+    ("python -m ltx_kernels.bench.ltx_cache --config tiny --device cpu --frames 9 --height 64 --width 96 --steps 8",
+     "the denoising loop with a cache, timed per mode (about a minute)"),
+    ("bash scripts/test.sh", "every op against its CPU reference, and the integrations (the test suite)"),
+)
+
+
+def no_cuda(what: str) -> int:
+    """Says on stderr that ``what`` needs a CUDA device and what to run on the CPU instead;
+    returns the exit status."""
+    instead = "".join(f"\n  {command}\n      {purpose}" for command, purpose in ON_THE_CPU)
+    print(f"{what} needs a CUDA device: it times GPU kernels. Without one, from the repository:{instead}",
+          file=sys.stderr)
+    return 2
 
 
 def bench_us(fn: Callable[[], object], reps: int = 100) -> float:

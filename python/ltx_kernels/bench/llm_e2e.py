@@ -145,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("the end-to-end benchmark needs a CUDA device", file=sys.stderr)
-        return 2
+        return harness.no_cuda("the LLM end-to-end benchmark")
     import transformers
 
     meta = dict(harness.device_meta(None), transformers=transformers.__version__, layers=args.layers)
