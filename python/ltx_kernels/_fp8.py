@@ -35,13 +35,6 @@ def is_quantized(module: nn.Module) -> bool:
     return MARKER in module.__dict__
 
 
-def check_arguments(precision: str, fp8_skip) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if isinstance(fp8_skip, str) or not all(isinstance(p, str) for p in fp8_skip):
-        raise TypeError(f"fp8_skip must be a sequence of fnmatch patterns (str), got {fp8_skip!r}")
-
-
 def check_precision(model: nn.Module, precision: str) -> None:
     """Refuses, before anything changes, to mix precisions on one model or to run FP8 on a
     GPU without it."""
@@ -75,10 +68,10 @@ def check_not_offloaded(model: nn.Module) -> None:
     if offloaded:
         raise ValueError(
             f"precision='fp8' cannot quantize {type(model).__name__}: {len(offloaded)} parameters (e.g. "
-            f"{offloaded[0]}) are on the meta device, offloaded by accelerate (device_map offload, cpu_offload, "
-            "enable_sequential_cpu_offload), which reloads the original weights for each forward. Patch with "
-            "precision='fp8' before offloading (the quantized weights are then what is offloaded), or load the "
-            "model without offload."
+            f"{offloaded[0]}) are on the meta device: built without weights (torch.device('meta'), "
+            "init_empty_weights), or offloaded by accelerate (device_map offload, cpu_offload, "
+            "enable_sequential_cpu_offload), which reloads the original weights for each forward. Load the weights "
+            "first; patch with precision='fp8' before offloading (the quantized weights are then what is offloaded)."
         )
 
 

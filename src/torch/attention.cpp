@@ -46,17 +46,23 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                     "(grouped-query attention): q ", dims_str(q.sym_sizes()), ", k ", dims_str(k.sym_sizes()));
 }
 
-// The mask as fp32 additive [B, Hq, Sq, Sk] (broadcast by strides of 0), last dim contiguous.
-at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+// The mask's dtype, device and shape (every device, Meta included).
+void check_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()),
                    "attention: attn_mask must be bool (True = attend) or floating (added to the scores), got ",
                    mask.scalar_type());
   TORCH_CHECK_VALUE(mask.device() == q.device(), "attention: attn_mask must be on q's device (",
                     device_str(q.device()), "), got ", device_str(mask.device()));
-  const std::vector<int64_t> full = {q.size(0), q.size(1), q.size(2), k.size(2)};
-  TORCH_CHECK_VALUE(mask.dim() <= 4 && at::is_expandable_to(mask.sizes(), full),
-                    "attention: attn_mask must broadcast to [B, Hq, Sq, Sk] = ", dims_str(c10::fromIntArrayRefSlow(full)),
+  const c10::SymInt full[] = {q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
+  TORCH_CHECK_VALUE(mask.dim() <= 4 && at::is_expandable_to(mask.sym_sizes(), full),
+                    "attention: attn_mask must broadcast to [B, Hq, Sq, Sk] = ", dims_str(full),
                     ", got ", dims_str(mask.sym_sizes()));
+}
+
+// The mask as fp32 additive [B, Hq, Sq, Sk] (broadcast by strides of 0), last dim contiguous.
+at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& q, const at::Tensor& k) {
+  check_mask(mask, q, k);
+  const std::vector<int64_t> full = {q.size(0), q.size(1), q.size(2), k.size(2)};
   at::Tensor additive = mask.scalar_type() == at::kBool
                             ? at::where(mask, 0.0f, -std::numeric_limits<float>::infinity()).to(at::kFloat)
                             : mask.to(at::kFloat);
@@ -73,6 +79,7 @@ Strides4 strides_of(const at::Tensor& t) {
 at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
                           std::optional<double> scale, c10::string_view precision) {
   check_qkv(q, k, v);
+  if (attn_mask) check_mask(*attn_mask, q, k);
   precision_of(precision);
   return at::empty_symint(q.sym_sizes(), q.options());
 }

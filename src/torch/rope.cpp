@@ -12,13 +12,14 @@ using OptTensor = std::optional<at::Tensor>;
 
 // ---- apply_rotary_pos_emb / ltx_rope: rotation by cos/sin tables ----
 
-void check_table(const at::Tensor& t, const char* name, const at::Tensor& q,
+// cos or sin for q (called q_name in the messages: q, or x for ltx_rope).
+void check_table(const at::Tensor& t, const char* name, const at::Tensor& q, const char* q_name,
                  const c10::SymInt& batches,
                  const c10::SymInt& tokens, const c10::SymInt& head_dim) {
   TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type() || t.scalar_type() == at::kFloat, name,
-                   " must have the dtype of q (", q.scalar_type(), ") or float32, got ",
+                   " must have the dtype of ", q_name, " (", q.scalar_type(), ") or float32, got ",
                    t.scalar_type());
-  TORCH_CHECK_VALUE(t.device() == q.device(), name, " must be on the device of q (",
+  TORCH_CHECK_VALUE(t.device() == q.device(), name, " must be on the device of ", q_name, " (",
                     device_str(q.device()), "), got ", device_str(t.device()));
   const auto expected = [&] {
     return std::string(name) + " must have shape [S, R] or [B or 1, S, R] with S = " +
@@ -78,8 +79,8 @@ QkLayout check_apply_rotary(const at::Tensor& q, const at::Tensor& k, const at::
                         k.sym_size(3) == q.sym_size(3),
                     "k must match q in batch, sequence and head_dim (heads may differ): q ",
                     dims_str(q.sym_sizes()), ", k ", dims_str(k.sym_sizes()));
-  check_table(cos, "cos", q, q.sym_size(0), q.sym_size(l.seq_dim), q.sym_size(3));
-  check_table(sin, "sin", q, q.sym_size(0), q.sym_size(l.seq_dim), q.sym_size(3));
+  check_table(cos, "cos", q, "q", q.sym_size(0), q.sym_size(l.seq_dim), q.sym_size(3));
+  check_table(sin, "sin", q, "q", q.sym_size(0), q.sym_size(l.seq_dim), q.sym_size(3));
   TORCH_CHECK_TYPE(sin.scalar_type() == cos.scalar_type(), "sin must have the dtype of cos");
   TORCH_CHECK_VALUE(sin.sym_sizes() == cos.sym_sizes(), "sin must have the shape of cos ",
                     dims_str(cos.sym_sizes()), ", got ", dims_str(sin.sym_sizes()));
@@ -159,8 +160,8 @@ void check_ltx_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
   check_ltx_x(x, "x");
   TORCH_CHECK_VALUE(x.sym_size(-1) % 2 == 0, "x must have an even last dim (pairs), got ",
                     dims_str(x.sym_sizes()));
-  check_table(cos, "cos", x, x.sym_size(0), x.sym_size(1), x.sym_size(2));
-  check_table(sin, "sin", x, x.sym_size(0), x.sym_size(1), x.sym_size(2));
+  check_table(cos, "cos", x, "x", x.sym_size(0), x.sym_size(1), x.sym_size(2));
+  check_table(sin, "sin", x, "x", x.sym_size(0), x.sym_size(1), x.sym_size(2));
   TORCH_CHECK_VALUE(cos.sym_size(-1) == x.sym_size(-1) && sin.sym_sizes() == cos.sym_sizes(),
                     "cos and sin must cover every channel of x: [B or 1, S, D] = ",
                     dims_str(x.sym_sizes()), ", got ", dims_str(cos.sym_sizes()), " and ",
@@ -200,29 +201,29 @@ at::Tensor ltx_rope_meta(const at::Tensor& x, const at::Tensor& cos, const at::T
 
 // ---- ltx_rope_angles / ltx_qk_norm_rope: angles computed in the kernel ----
 
-void check_positions(const at::Tensor& x, at::IntArrayRef grid, at::ArrayRef<double> axis_scale,
-                     const OptTensor& coords, double theta) {
+// The positions of x's tokens (called x_name in the messages: x, or q for ltx_qk_norm_rope).
+void check_positions(const at::Tensor& x, const char* x_name, at::IntArrayRef grid,
+                     at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta) {
   TORCH_CHECK_VALUE(grid.size() == 3, "grid must be (num_frames, height, width)");
   TORCH_CHECK_VALUE(axis_scale.size() == 3, "axis_scale must have 3 entries (frames, height, width)");
   TORCH_CHECK_VALUE(theta > 0.0, "theta must be > 0, got ", std::to_string(theta));
   if (coords) {
     TORCH_CHECK_TYPE(at::isFloatingType(coords->scalar_type()), "video_coords must be floating point, got ",
                      coords->scalar_type());
-    TORCH_CHECK_VALUE(coords->device() == x.device(), "video_coords must be on the device of x (",
+    TORCH_CHECK_VALUE(coords->device() == x.device(), "video_coords must be on the device of ", x_name, " (",
                       device_str(x.device()), "), got ", device_str(coords->device()));
     TORCH_CHECK_VALUE(coords->dim() == 3 && coords->sym_size(0) == x.sym_size(0) &&
                           coords->sym_size(1) == 3 && coords->sym_size(2) == x.sym_size(1),
-                      "video_coords must be [B, 3, S] for x ", dims_str(x.sym_sizes()), ", got ",
+                      "video_coords must be [B, 3, S] for ", x_name, " ", dims_str(x.sym_sizes()), ", got ",
                       dims_str(coords->sym_sizes()));
     return;
   }
   for (int64_t g : grid)
     TORCH_CHECK_VALUE(g >= 1, "grid sizes (num_frames, height, width) must be >= 1, got ",
                       std::to_string(grid[0]), "x", std::to_string(grid[1]), "x", std::to_string(grid[2]));
-  TORCH_CHECK_VALUE(x.sym_size(1) == grid[0] * grid[1] * grid[2],
-                    "x must have num_frames * height * width = ",
-                    std::to_string(grid[0] * grid[1] * grid[2]), " tokens, got x ",
-                    dims_str(x.sym_sizes()));
+  TORCH_CHECK_VALUE(x.sym_size(1) == grid[0] * grid[1] * grid[2], x_name,
+                    " must have num_frames * height * width = ", std::to_string(grid[0] * grid[1] * grid[2]),
+                    " tokens, got ", x_name, " ", dims_str(x.sym_sizes()));
 }
 
 LtxRopeParams ltx_params(const Rows& q, at::Tensor& q_out, at::IntArrayRef grid,
@@ -254,7 +255,7 @@ at::Tensor ltx_rope_angles(const at::Tensor& x, at::IntArrayRef grid,
                            at::ArrayRef<double> axis_scale, const OptTensor& coords,
                            double theta) {
   check_ltx_x(x, "x");
-  check_positions(x, grid, axis_scale, coords, theta);
+  check_positions(x, "x", grid, axis_scale, coords, theta);
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return out;
   const Rows rows = as_rows(x);
@@ -268,7 +269,7 @@ at::Tensor ltx_rope_angles_meta(const at::Tensor& x, at::IntArrayRef grid,
                                 at::ArrayRef<double> axis_scale, const OptTensor& coords,
                                 double theta) {
   check_ltx_x(x, "x");
-  check_positions(x, grid, axis_scale, coords, theta);
+  check_positions(x, "x", grid, axis_scale, coords, theta);
   return at::empty_symint(x.sym_sizes(), x.options());
 }
 
@@ -288,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope(const at::Tensor& q, const a
                                                     at::ArrayRef<double> axis_scale,
                                                     const OptTensor& coords, double theta) {
   const auto [wq, wk] = check_qk_norm_rope(q, k, weight_q, weight_k, eps);
-  check_positions(q, grid, axis_scale, coords, theta);
+  check_positions(q, "q", grid, axis_scale, coords, theta);
   at::Tensor q_out = at::empty(q.sizes(), q.options());
   at::Tensor k_out = at::empty(k.sizes(), k.options());
   if (q.numel() == 0) return {q_out, k_out};
@@ -312,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_meta(
     double eps, at::IntArrayRef grid, at::ArrayRef<double> axis_scale, const OptTensor& coords,
     double theta) {
   check_qk_norm_rope(q, k, weight_q, weight_k, eps);
-  check_positions(q, grid, axis_scale, coords, theta);
+  check_positions(q, "q", grid, axis_scale, coords, theta);
   return {at::empty_symint(q.sym_sizes(), q.options()), at::empty_symint(k.sym_sizes(), k.options())};
 }
 

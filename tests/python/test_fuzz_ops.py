@@ -23,13 +23,14 @@ from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
 from test_fp8 import torch_quantize
 from test_layer_norm import layer_norm_formula
 from test_rms_norm import rms_norm_formula
+from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ops = torch.ops.ltx_kernels
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "130"))  # x 12 builders x 2 kinds: >= 3,000 cases
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 17 builders x 2 kinds: >= 3,000 cases
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
 SIZES = [1, 2, 7, 16, 33, 64, 130]
@@ -44,6 +45,7 @@ class Arg:
     name: str
     tensor: torch.Tensor
     copied: bool = False
+    valid_breaks: tuple = ()  # breaks (BREAKS below) that the op accepts for this argument
 
 
 @dataclass
@@ -229,7 +231,99 @@ def build_quantize_fp8(draw, dtype):
     return Call("quantize_fp8", [x, "none"], exact=True), lambda: torch_quantize(x.tensor)
 
 
+def build_apply_rotary_pos_emb(draw, dtype):
+    b, s, dh = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 3, 5])), draw(st.sampled_from([2, 6, 8, 10, 64]))
+    r = draw(st.sampled_from(sorted({dh, max(2, dh // 2 // 2 * 2)})))  # full or partial rotary
+    hq, hk = draw(st.sampled_from([(1, 1), (2, 1), (4, 2), (3, 3)]))
+    bhsd = draw(st.booleans())
+    shape = (lambda h: (b, h, s, dh)) if bhsd else (lambda h: (b, s, h, dh))
+    q, k = Arg("q", laid_out(draw, randn(shape(hq), dtype))), Arg("k", laid_out(draw, randn(shape(hk), dtype)))
+    table_dtype = draw(st.sampled_from([dtype, torch.float32]))
+    angles = torch.randn(b if draw(st.booleans()) else 1, s, r // 2, dtype=torch.float64) * 20
+    emb = torch.cat((angles, angles), -1)
+    cos, sin = Arg("cos", emb.cos().to(table_dtype)), Arg("sin", emb.sin().to(table_dtype))
+    interleaved, unsqueeze_dim = draw(st.booleans()), 1 if bhsd else 2
+    call = Call("apply_rotary_pos_emb", [q, k, cos, sin, interleaved, unsqueeze_dim])
+    return call, lambda: tuple(llm_rope_formula(t.tensor, cos.tensor, sin.tensor, unsqueeze_dim, interleaved)
+                               for t in (q, k))
+
+
+def ltx_grid(draw):
+    grid = draw(st.sampled_from([(1, 1, 1), (1, 2, 3), (2, 2, 2), (3, 1, 2)]))
+    return grid, grid[0] * grid[1] * grid[2]
+
+
+def build_ltx_rope(draw, dtype):
+    b, d = draw(st.sampled_from([1, 2])), draw(st.sampled_from([6, 12, 16, 64]))  # diffusers' tables: pairs
+    grid, s = ltx_grid(draw)
+    x = Arg("x", laid_out(draw, randn((b, s, d), dtype)))
+    cos64, sin64 = ltx_tables_fp64(b, s, d, grid, (1.0, 1.0, 1.0))
+    table_dtype = draw(st.sampled_from([dtype, torch.float32]))
+    cos, sin = Arg("cos", laid_out(draw, cos64.to(table_dtype))), Arg("sin", laid_out(draw, sin64.to(table_dtype)))
+    return Call("ltx_rope", [x, cos, sin]), lambda: ltx_rope_formula(x.tensor, cos.tensor.double(), sin.tensor.double())
+
+
+def build_ltx_qk_norm_rope(draw, dtype):
+    b, d = draw(st.sampled_from([1, 2])), draw(st.sampled_from([6, 7, 12, 16, 64]))
+    grid, s = ltx_grid(draw)
+    q, k = Arg("q", laid_out(draw, randn((b, s, d), dtype))), Arg("k", laid_out(draw, randn((b, s, d), dtype)))
+    wq = Arg("weight_q", optional(draw, lambda: randn((d,), dtype)), copied=True)
+    wk = Arg("weight_k", optional(draw, lambda: randn((d,), dtype)), copied=True)
+    axis_scale = draw(st.sampled_from([(1.0, 1.0, 1.0), (0.016, 0.0156, 0.0156)]))
+    cos, sin = ltx_tables_fp64(b, s, d, grid, axis_scale)
+    call = Call("ltx_qk_norm_rope", [q, k, wq, wk, 1e-6, list(grid), list(axis_scale), None, 10000.0])
+    return call, lambda: tuple(ltx_rope_formula(rms_formula(t.tensor, w.tensor, 1e-6), cos, sin)
+                               for t, w in ((q, wq), (k, wk)))
+
+
+def build_attention(draw, dtype):
+    b, hkv, groups = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
+    sq, sk, d = draw(st.sampled_from([1, 3, 9])), draw(st.sampled_from([1, 4, 7])), draw(st.sampled_from([4, 16]))
+    q = Arg("q", laid_out(draw, randn((b, hkv * groups, sq, d), dtype)))
+    k, v = Arg("k", laid_out(draw, randn((b, hkv, sk, d), dtype))), Arg("v", laid_out(draw, randn((b, hkv, sk, d), dtype)))
+    mask = None
+    if draw(st.booleans()):  # a key padding mask (bool) or an additive one (floating)
+        keep = torch.rand(b, 1, 1, sk) > 0.3
+        mask = keep if draw(st.booleans()) else torch.where(keep, 0.0, -math.inf).to(dtype)
+    # The mask is converted to fp32 by the op: any floating dtype, any layout, 0 dims broadcast.
+    m = Arg("attn_mask", mask, valid_breaks=("float64", "strided_last_dim", "expanded_last_dim", "zero_dim"))
+
+    def formula():
+        qd, kd, vd = (t.tensor.double().repeat_interleave(groups, 1) if t is not q else t.tensor.double()
+                      for t in (q, k, v))
+        scores = qd @ kd.transpose(-1, -2) / math.sqrt(d)
+        if mask is not None:
+            scores = scores + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.double())
+        p = torch.softmax(scores, -1).nan_to_num(0.0)  # a query whose keys are all masked: zeros
+        return p @ vd
+
+    return Call("attention", [q, k, v, m, None, "bf16"]), formula
+
+
+def build_fp8_linear(draw, dtype):
+    k, n = draw(st.sampled_from([16, 32, 48])), draw(st.sampled_from([16, 32, 64]))
+    shape = rows_shape(draw, k)
+    xq, xs = torch_quantize(randn(shape, dtype))
+    wq, ws = torch_quantize(randn((n, k), dtype))
+    bias = optional(draw, lambda: randn((n,), dtype))
+    # GEMM operands and their scales: any layout (the op copies them to contiguous ones).
+    x = Arg("x", laid_out(draw, xq), copied=True)
+    call = Call("fp8_linear", [x, Arg("x_scale", xs, copied=True), Arg("weight", wq, copied=True),
+                               Arg("weight_scale", ws, copied=True), Arg("bias", bias, copied=True), dtype])
+
+    def formula():
+        out = (xq.double() * xs.double()[..., None]) @ (wq.double() * ws.double()[:, None]).T
+        return out + bias.double() if bias is not None else out
+
+    return call, formula
+
+
 BUILDERS = {
+    "apply_rotary_pos_emb": build_apply_rotary_pos_emb,
+    "ltx_rope": build_ltx_rope,
+    "ltx_qk_norm_rope": build_ltx_qk_norm_rope,
+    "attention": build_attention,
+    "fp8_linear": build_fp8_linear,
     "rms_norm": build_rms_norm,
     "layer_norm": build_layer_norm,
     "fused_add_rms_norm": build_fused_add_rms_norm,
@@ -299,7 +393,7 @@ def broken(arg: Arg, how: str) -> torch.Tensor:
     if how == "float64":
         return t.double()
     if how == "wider_last_dim":
-        return torch.cat([t, t[..., :1]], -1)
+        return torch.cat([t, torch.zeros(*t.shape[:-1], 1, dtype=t.dtype)], -1)
     if how == "strided_last_dim":
         wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
         return wide[..., ::2]
@@ -322,7 +416,7 @@ def invalid_calls(draw, builder):
     hows = [h for h in BREAKS
             # A last dim of 1 has no stride to break; a copied argument may have any layout.
             if not (h in ("strided_last_dim", "expanded_last_dim") and (arg.tensor.shape[-1] <= 1 or arg.copied))
-            and not (h in ("wider_last_dim", "device") and alone)]
+            and not (h in ("wider_last_dim", "device") and alone) and h not in arg.valid_breaks]
     how = draw(st.sampled_from(hows))
     call.args[i] = Arg(arg.name, broken(arg, how), arg.copied)
     return call, arg.name, how
