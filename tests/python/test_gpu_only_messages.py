@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ltx_kernels import cli
-from ltx_kernels.bench import harness, llm_e2e
+from ltx_kernels.bench import fidelity, harness, llm_e2e, ltx_e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,9 +28,10 @@ def test_cli_benchmarks_say_what_runs_on_the_cpu(what, argv, monkeypatch, capsys
     assert all(command in err and purpose in err for command, purpose in harness.ON_THE_CPU)
 
 
-def test_llm_benchmark_says_what_runs_on_the_cpu(monkeypatch, capsys):
+@pytest.mark.parametrize("benchmark", [llm_e2e, ltx_e2e, fidelity])
+def test_module_benchmarks_say_what_runs_on_the_cpu(benchmark, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert llm_e2e.main([]) == 2
+    assert benchmark.main([]) == 2
     err = capsys.readouterr().err
     assert all(command in err for command, _ in harness.ON_THE_CPU)
 

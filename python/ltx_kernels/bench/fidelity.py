@@ -74,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("the fidelity benchmark needs a CUDA device", file=sys.stderr)
-        return 2
+        return harness.no_cuda("the fidelity benchmark")
     modes = available_modes(args.modes)
     reference_model = ltx_models.random_transformer(args.config, torch.float32, "cuda")
     size = (args.frames, args.height, args.width)

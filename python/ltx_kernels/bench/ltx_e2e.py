@@ -4,7 +4,7 @@
     python -m ltx_kernels.bench.ltx_e2e --plot e2e.json e2e.png     # bar chart from the JSON
 
 Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
-as shared/ANCHORS.md measures. Modes, run one after another on the same model:
+the setup of benchmarks/results/h100/ltx_e2e.md. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
 (``ltx_kernels.diffusers.inject``), ours + torch.compile, ours captured in one CUDA graph, and ours
 with our 8-bit attention (``inject(attention="8bit")``: the ``ltx_kernels_8bit`` diffusers attention
@@ -218,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(*args.plot)
         return 0
     if not torch.cuda.is_available():
-        print("the end-to-end benchmark needs a CUDA device", file=sys.stderr)
-        return 2
+        return harness.no_cuda("the end-to-end benchmark")
     meta = dict(harness.device_meta(None), config=args.config)
     modes = available_modes(args.modes)
 
