@@ -3,7 +3,7 @@ inject(..., attention=...): registration and selection through diffusers' own AP
 model against stock and against an emulation, the text padding mask, remove(), bad values,
 FP8 composition, torch.compile, context parallelism; then the same on CUDA.
 
-The emulation (:func:`emulate`) is diffusers' native backend with ``scaled_dot_product_attention``
+The emulation (:func:`emulated`) is diffusers' native backend with ``scaled_dot_product_attention``
 replaced by ``ltx_kernels.attention`` called directly: the same op on the same values, reached
 through none of the backends' code (layout, mask handling), so a backend that runs the op as
 SDPA would gives exactly its output.
@@ -48,12 +48,17 @@ def keep_process_default_backend():
     _AttentionBackendRegistry.set_active_backend(active)
 
 
-def emulate(monkeypatch, precision):
+def emulated(monkeypatch, precision, run):
+    """run() with SDPA replaced by ltx_kernels.attention(precision=...): what a model on our
+    backend must compute."""
+
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         assert dropout_p == 0.0 and not is_causal
         return ltx_kernels.attention(query, key, value, attn_mask=attn_mask, scale=scale, precision=precision)
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+        return run()
 
 
 def backends(model):
@@ -85,9 +90,7 @@ def test_selected_with_diffusers_api_on_the_stock_model(monkeypatch, precision):
     model = tiny_model("cpu")
     kw = step_kwargs(model, "interpolation_scale", per_token=False)
     sdpa = model(**kw)[0]
-    with monkeypatch.context() as m:
-        emulate(m, precision)
-        expected = model(**kw)[0]
+    expected = emulated(monkeypatch, precision, lambda: model(**kw)[0])
     assert rel_err(expected, sdpa) > 1e-7
     with attention_backend(BACKEND[precision]):
         assert torch.equal(model(**kw)[0], expected)
@@ -104,13 +107,11 @@ def test_inject_bf16_matches_stock(monkeypatch):
     expected = reference(**kw)[0]
     lkd.inject(reference)
     sdpa = reference(**kw)[0]
-    with monkeypatch.context() as m:
-        emulate(m, "bf16")
-        emulated = reference(**kw)[0]
+    emulation = emulated(monkeypatch, "bf16", lambda: reference(**kw)[0])
     report = lkd.inject(reference, attention="bf16")
     assert report.patched == {"LTXAttention (attention backend 'ltx_kernels')": 2 * ATTENTION_PER_BLOCK}
     out = reference(**kw)[0]
-    assert torch.equal(out, emulated)
+    assert torch.equal(out, emulation)
     assert rel_err(out, sdpa) <= EXACT_TOLERANCE
 
     # bf16 model: against fp32 stock no worse than stock bf16 (DESIGN.md section 4's bar).
@@ -132,12 +133,10 @@ def test_inject_8bit_matches_the_emulation(monkeypatch, dtype):
     model = torch.nn.Module.to(tiny_model("cpu"), dtype)
     kw = as_dtype(kw, dtype)
     lkd.inject(model)
-    with monkeypatch.context() as m:
-        emulate(m, "8bit")
-        emulated = model(**kw)[0]
+    emulation = emulated(monkeypatch, "8bit", lambda: model(**kw)[0])
     lkd.inject(model, attention="8bit")
     out = model(**kw)[0]
-    assert torch.equal(out, emulated)
+    assert torch.equal(out, emulation)
     err = rel_err(out, expected)
     assert err <= ERROR_RANDN, err
     if dtype == torch.float32:
@@ -306,9 +305,7 @@ def test_other_diffusers_attention_modules(monkeypatch):
     torch.manual_seed(0)
     modules = torch.nn.ModuleList([FluxAttention(query_dim=32, heads=2, dim_head=16), Attention(32, heads=2, dim_head=16)])
     x = torch.randn(2, 11, 32)
-    with monkeypatch.context() as m:
-        emulate(m, "8bit")
-        expected = modules[0](x)
+    expected = emulated(monkeypatch, "8bit", lambda: modules[0](x))
     assert rel_err(expected, modules[0](x)) > 1e-4
     with pytest.warns(UserWarning, match="1 attention modules with AttnProcessor2_0, which does not call diffusers' "
                                          "attention dispatcher: not 'ltx_kernels_8bit'"):
@@ -334,9 +331,7 @@ def test_composes_with_fp8(monkeypatch):
     out = model(**kw)[0]
     assert rel_err(out, expected) <= FP8_TOLERANCE
     model.set_attention_backend("native")
-    with monkeypatch.context() as m:
-        emulate(m, "8bit")
-        assert torch.equal(model(**kw)[0], out)
+    assert torch.equal(emulated(monkeypatch, "8bit", lambda: model(**kw)[0]), out)
     report = inject_quietly(model, precision="fp8", attention="bf16")
     assert report.patched == {"LTXAttention (attention backend 'ltx_kernels')": 4}
     assert any("already injected with precision='fp8'" in reason for reason in report.skipped)
@@ -376,9 +371,7 @@ def test_cuda_bf16_no_worse_than_stock_and_8bit_is_the_emulation(monkeypatch):
     out = model(**kw)[0]
     assert rel_err(out, expected) <= ERROR_RANDN
     model.set_attention_backend("native")
-    with monkeypatch.context() as m:
-        emulate(m, "8bit")
-        assert torch.equal(model(**kw)[0], out)
+    assert torch.equal(emulated(monkeypatch, "8bit", lambda: model(**kw)[0]), out)
 
 
 @cuda
