@@ -100,15 +100,10 @@ struct Fp8Gemm {
   }
 };
 
-// SMs of the current device (the persistent grid's size), looked up once per device.
+// SMs of the current device: the persistent grid's size (an attribute query, cheap per launch).
 int sm_count() {
-  static int counts[64] = {};
-  int device = 0;
+  int device = 0, count = 0;
   cudaGetDevice(&device);
-  if (device < 64 && counts[device] == 0)
-    cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device);
-  if (device < 64) return counts[device];
-  int count = 0;
   cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
   return count;
 }

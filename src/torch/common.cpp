@@ -51,9 +51,7 @@ void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
                     "; call .contiguous() if this layout is intended");
 }
 
-// [first, last] byte addresses a tensor's elements can occupy (its strides may be negative
-// only through torch's internal views, which the ops never receive: torch has no negative
-// strides).
+// [first, last] byte addresses of a non-empty tensor's elements (torch strides are >= 0).
 std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
   const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
   int64_t last = 0;
