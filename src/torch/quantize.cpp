@@ -3,8 +3,8 @@
 //
 // fp8_linear computes out = (x_q @ weight_q^T) * x_scale[:, None] * weight_scale[None, :]
 // (+ bias), fp32 accumulation, rounded once to out_dtype (include/ltx_kernels/fp8_linear.h).
-// CUDA: torch._scaled_mm (cuBLASLt); our Hopper kernel (src/ops/fp8_linear_sm90.cu) takes
-// over once it has passed the GPU tests. CPU: the C++ reference, so CI tests the format.
+// CUDA: our CUTLASS kernel on Hopper for bf16/fp16 outputs at shapes that fill the GPU,
+// otherwise torch._scaled_mm (cuBLASLt). CPU: the C++ reference, so CI tests the format.
 #include <ATen/ATen.h>
 
 #include "ltx_kernels/fp8_linear.h"
@@ -147,7 +147,7 @@ at::Tensor epilogue(const at::Tensor& acc, const at::Tensor& x_scale, const at::
   return out.to(out_dtype);
 }
 
-// cuBLASLt's FP8 GEMM (torch._scaled_mm).
+// cuBLASLt's FP8 GEMM (torch._scaled_mm): the GPUs and shapes our kernel does not take.
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::Tensor& weight,
                      const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   const at::Tensor b = weight.t();  // [K, N] column-major, as cuBLASLt wants
@@ -163,6 +163,16 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::T
                   bias, out_dtype);
 }
 
+#ifdef LTX_KERNELS_SM90A
+// Our kernel fills the GPU with 128 x 256 output tiles; below one tile per SM cuBLASLt picks
+// smaller tiles and is faster (H100: 333 x 1536 outputs 264 vs 151 TFLOPS; from 1000 x 3072
+// on, ours is as fast or faster: benchmarks/results/h100/gemm.md).
+bool fills_the_gpu(const Fp8LinearParams& p, const cudaDeviceProp& prop) {
+  const int64_t tiles = (p.m + 127) / 128 * ((p.n + 255) / 256);
+  return tiles * 2 >= prop.multiProcessorCount;
+}
+#endif
+
 at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                            const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
@@ -174,6 +184,19 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
     return epilogue(at::zeros({a.size(0), w.size(0)}, xs.options()), xs, ws, bias, out_dtype)
         .view_symint(out_shape(x, weight));
   }
+#ifdef LTX_KERNELS_SM90A
+  at::Tensor out = at::empty({a.size(0), w.size(0)}, x.options().dtype(out_dtype));
+  Fp8LinearParams p = params_of(a, xs, w, ws, bias, out);
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+  p.arch = prop->major * 10 + prop->minor;
+  if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor workspace = at::empty({workspace_bytes(p)}, x.options().dtype(at::kByte));
+    const cudaError_t error = launch(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index()));
+    TORCH_CHECK(error == cudaSuccess, "fp8_linear: CUDA launch failed: ", cudaGetErrorString(error));
+    return out.view_symint(out_shape(x, weight));
+  }
+#endif
   return scaled_mm(a, xs, w, ws, bias, out_dtype).view_symint(out_shape(x, weight));
 }
 #endif
