@@ -4,20 +4,30 @@
 
 namespace ltx_kernels::core {
 
-// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp and a fast division instead of
-// tanhf, whose instruction count kept the kernels from memory speed. Relative error ~1e-6;
-// the limits are right (exp overflows to inf and x / inf is 0 for large negative x).
+// x * sigmoid(z) with one fast exp and a fast division, right wherever the result is a normal
+// fp32 number. h = e^(-|z|/2) lies in (0, 1], so the divisor 1 + h^2 stays in [1, 2] (the fast
+// division returns 0 for divisors above 2^126, i.e. for z < -87.3 in x / (1 + e^-z)), and for
+// z < 0 the numerator x e^z is formed as (x h) h, which stays right after e^z itself has gone
+// below fp32's smallest normal, where the fast exp flushes to 0.
+__device__ __forceinline__ float x_sigmoid(float x, float z) {
+  const float h = __expf(-0.5f * fabsf(z));
+  return __fdividef(z >= 0.0f ? x : x * h * h, 1.0f + h * h);
+}
+
+// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp and a fast division instead of tanhf,
+// whose instruction count kept the kernels from memory speed, and no cancellation in 1 + tanh
+// for negative x. Relative error ~1e-6.
 __device__ __forceinline__ float gelu_tanh(float x) {
   constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
-  const float two_u = kTwoSqrt2OverPi * (x + 0.044715f * x * x * x);
-  return __fdividef(x, 1.0f + __expf(-two_u));
+  return x_sigmoid(x, kTwoSqrt2OverPi * (x + 0.044715f * x * x * x));
 }
 
+// 0.5 x erfc(-x / sqrt 2) == 0.5 x (1 + erf(x / sqrt 2)) without the cancellation of 1 + erf
+// below x = -4, where the erf form gives 0 instead of e.g. -1.5e-5 at x = -4.5.
 __device__ __forceinline__ float gelu(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+  return 0.5f * x * erfcf(-x * 0.7071067811865476f);
 }
 
-// x * sigmoid(x) with the fast exp and division (same accuracy argument as gelu_tanh).
-__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+__device__ __forceinline__ float silu(float x) { return x_sigmoid(x, x); }
 
 }  // namespace ltx_kernels::core

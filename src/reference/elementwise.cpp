@@ -1,5 +1,4 @@
 // CPU reference of the elementwise family: the formulas of elementwise.h in double.
-#include <cmath>
 #include <stdexcept>
 
 #include "ltx_kernels/elementwise.h"
@@ -8,19 +7,12 @@
 
 namespace ltx_kernels {
 
-namespace {
-
-using host::gelu_tanh;
-
-double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
-
-}  // namespace
-
 void reference(const ElementwiseParams& p) {
   if (ValidationError error = validate(p)) throw std::invalid_argument(error);
+  using host::gelu;
+  using host::gelu_tanh;
   using host::load;
+  using host::silu;
   for (int64_t row = 0; row < p.rows; ++row) {
     const int64_t gate_at = (row / p.tokens) * p.gate.batch_stride +
                             (row % p.tokens) * p.gate.token_stride;

@@ -40,6 +40,22 @@ TEST(ElementwiseReference, ActivationsKnownValues) {
   EXPECT_NEAR(out[2], 0.8411919906082768, 1e-6);  // the tanh approximation at 1
 }
 
+// Far negative inputs, where 1 + tanh and 1 + erf cancel in double (tanh(-19) == -1): the
+// reference keeps the tail, as the kernels do (x e^(2u), x Phi(x), x e^x).
+TEST(ElementwiseReference, ActivationsKeepTheNegativeTail) {
+  const std::vector<float> a = {-9.0f, -20.0f, -90.0f};
+  const std::vector<float> ones = {1.0f, 1.0f, 1.0f};
+  std::vector<float> out(3);
+  const double k = std::sqrt(2.0 / M_PI);
+  reference(params(ElementwiseOp::kGeluTanh, a, nullptr, out));
+  const double u9 = k * (-9.0 + 0.044715 * -729.0);
+  EXPECT_NEAR(out[0] / (-9.0 * std::exp(2.0 * u9)), 1.0, 1e-6);  // ~ -1.3e-28, not 0
+  reference(params(ElementwiseOp::kGeluAndMul, a, &ones, out));
+  EXPECT_NEAR(out[0] / (-4.5 * std::erfc(9.0 / std::sqrt(2.0))), 1.0, 1e-6);  // ~ -1e-18, not 0
+  reference(params(ElementwiseOp::kSiluAndMul, a, &ones, out));
+  EXPECT_NEAR(out[2] / (-90.0 * std::exp(-90.0)), 1.0, 1e-6);  // ~ -7.4e-38: a normal fp32
+}
+
 TEST(ElementwiseReference, GatedResidualBroadcastsThePerBatchGate) {
   // 2 batches x 2 tokens x 2 channels; gate [2, 1, 2].
   const std::vector<float> x = {1, 1, 1, 1, 1, 1, 1, 1};

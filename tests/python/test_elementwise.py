@@ -7,20 +7,23 @@ import torch
 import torch.nn.functional as F
 
 import ltx_kernels
-from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, assert_close, make_rows
+from conftest import DEVICES, DTYPES, HAS_CUDA, LAYOUTS, activation_scale, assert_close, make_rows
 from test_adaln import KINDS, modulation
 
 ops = torch.ops.ltx_kernels
 
 
+# The GELUs in forms without the cancellation of 1 + tanh and 1 + erf for negative x (in fp64,
+# tanh(-19) == -1, so 0.5 x (1 + tanh(u)) is 0 where the true value is ~1e-28): equal to
+# torch's formulas elsewhere (test_formulas_are_torchs).
 def gelu_tanh_formula(x):
     x = x.double()
-    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def gelu_formula(x):
     x = x.double()
-    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    return 0.5 * x * torch.special.erfc(-x / math.sqrt(2))
 
 
 def silu_formula(x):
@@ -46,9 +49,39 @@ def test_gelu_tanh(device, dtype, hidden, rows, layout):
     x = make_rows(rows, hidden, dtype, device, layout) * 3
     out = ltx_kernels.gelu_tanh(x)
     assert out.is_contiguous() and out.dtype == dtype
-    assert_close(out, gelu_tanh_formula(x), dtype)
-    # The formula is torch's own tanh-approximated GELU.
-    assert_close(out, F.gelu(x.double(), approximate="tanh"), dtype)
+    assert_close(out, gelu_tanh_formula(x), dtype, scale=activation_scale(dtype))
+
+
+def test_formulas_are_torchs():
+    """The formulas above are torch's GELUs and SiLU, to fp64's rounding (and its cancellation
+    for far negative inputs, where torch's give 0 and ours the tail)."""
+    x = torch.linspace(-12, 12, 4801, dtype=torch.float64)
+    torch.testing.assert_close(gelu_tanh_formula(x), F.gelu(x, approximate="tanh"), rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(gelu_formula(x), F.gelu(x), rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(silu_formula(x), F.silu(x), rtol=1e-13, atol=1e-15)
+
+
+# Inputs whose activations lie in the far negative tail: where 1 + tanh (1 + erf) cancels in
+# fp32 (x < -4.5) and fp64 (x < -7), where e^-2u passes fp32's range (x < -9.85: a fast division
+# by more than 2^126 gives 0), and where the result leaves fp32's normal range (x < -10.8).
+TAIL = [-3.0, -4.5, -6.0, -7.5, -9.0, -9.84, -9.86, -9.9, -10.2, -10.8, -12.0, -30.0, -87.0, -88.0,
+        -90.0, -104.0, -1e4]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["gelu_tanh", *AND_MUL])
+def test_negative_tail(device, dtype, name):
+    """Each tail input alone (so the element's own value sets the tolerance, as for a single
+    row of one element) and all together: the activation's value, not 0, wherever that value
+    is a normal number of dtype."""
+    formula = gelu_tanh_formula if name == "gelu_tanh" else AND_MUL[name]
+    op = getattr(ltx_kernels, name)
+    x = torch.tensor(TAIL, dtype=dtype, device=device)
+    ones = torch.ones_like(x)
+    for xs in [x, *x[:, None]]:
+        out = op(xs) if name == "gelu_tanh" else op(xs, ones[: xs.numel()])
+        assert_close(out, formula(xs), dtype, scale=activation_scale(dtype))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -60,7 +93,7 @@ def test_two_input_forms(device, dtype, name, hidden, layout):
     a = make_rows(6, hidden, dtype, device, layout) * 3
     b = make_rows(6, hidden, dtype, device, layout)
     out = getattr(ltx_kernels, name)(a, b)
-    assert_close(out, AND_MUL[name](a) * b.double(), dtype)
+    assert_close(out, AND_MUL[name](a) * b.double(), dtype, scale=activation_scale(dtype))
 
 
 @pytest.mark.parametrize("device", DEVICES)

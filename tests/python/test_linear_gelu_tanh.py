@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import ltx_kernels
-from conftest import DEVICES, DTYPES, TOLERANCE, assert_close, rel_err
+from conftest import DEVICES, DTYPES, ELEMENT_RTOL, TOLERANCE, assert_close, rel_err
 
 
 def inputs(rows, k, n, dtype, device):
@@ -28,10 +28,12 @@ def test_matches_formula(device, dtype, rows, k, n):
     # fp32: cuBLAS sums in another order than the fp64 reference. 16-bit: where cuBLASLt
     # cannot take the shape (e.g. one row), the result is rounded before the GELU as well.
     assert_close(got, formula(x, weight, bias), dtype, scale=10 if dtype == torch.float32 else 2)
-    # No worse than the unfused torch expression in the same dtype.
+    # No worse than the unfused torch expression in the same dtype, but for the rounding of
+    # single elements (a one-row output of 5 elements: one output step up or down moves the
+    # relative error by ~2^-11 in fp16; 1 in 4000 draws failed a 10% margin).
     stock = torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate="tanh")
     ref = formula(x, weight, bias)
-    assert rel_err(got, ref) <= 1.1 * rel_err(stock, ref) + TOLERANCE[torch.float32]
+    assert rel_err(got, ref) <= 1.1 * rel_err(stock, ref) + max(ELEMENT_RTOL[dtype], TOLERANCE[torch.float32])
 
 
 @pytest.mark.parametrize("device", DEVICES)
