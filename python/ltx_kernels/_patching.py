@@ -28,6 +28,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ._ops import ops as _ops
+
 _STATE = "_ltx_kernels_patch"
 _ABSENT = object()  # an attribute the patch added rather than replaced
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -260,13 +262,27 @@ class Report:
         return "\n".join(lines)
 
     def note_training(self, model: nn.Module) -> None:
-        """Says, for a model in train mode, that the patched modules do not support training."""
-        if model.training and self.patched:
+        """Says, for a model in train mode, which patched modules train (every op they name has
+        a backward) and which are forward-only (they raise when an input requires grad, never a
+        silent None gradient)."""
+        if not (model.training and self.patched):
+            return
+        forward_only = sorted(kind for kind in self.patched if not _trains(kind))
+        if forward_only:
             self.notes.append(
-                f"{type(model).__name__} is in train mode, but no patched module supports training yet: "
-                "the ltx_kernels ops are forward-only and raise when an input requires grad (never a silent "
-                "None gradient). Run inference under torch.no_grad(), or train the stock model (remove())."
+                f"{type(model).__name__} is in train mode; these patched modules are forward-only and raise "
+                f"when an input requires grad: {'; '.join(forward_only)}. The others have a backward. Run "
+                "inference under torch.no_grad(), or train the stock model (remove())."
             )
+        else:
+            self.notes.append(f"{type(model).__name__} is in train mode: every patched module has a backward.")
+
+
+def _trains(kind: str) -> bool:
+    """Whether a report kind's module has a backward: it names our ops (e.g. 'RMSNorm
+    (rms_norm)') and each has a registered ``<op>_backward``."""
+    named = [word for word in re.findall(r"[a-z0-9_]+", kind) if hasattr(_ops, word)]
+    return bool(named) and all(hasattr(_ops, f"{word}_backward") for word in named)
 
 
 def unpatch_all(model: nn.Module) -> int:

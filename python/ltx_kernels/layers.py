@@ -8,8 +8,8 @@ package can swap them in with ``kernelize`` (from a Hub or local export of this 
 ``module.forward = types.MethodType(RMSNorm.forward, module)``.
 
 ``can_torch_compile = True``: every op has a Meta implementation and traces without graph
-breaks. ``has_backward = False``: the ops have no autograd, so ``kernelize`` in a training
-mode keeps the stock forward.
+breaks. ``has_backward = True``: every op these layers call has a backward (registered
+``<op>_backward`` ops; tests/python/test_backward.py), so ``kernelize`` may use them for training.
 
 Mixed dtypes (a weight kept in fp32 under a bf16 model) compute what the stock module
 computes, dtype promotion included; matching dtypes run one fused op (fp32 math, one
@@ -44,7 +44,7 @@ class RMSNorm(nn.Module):
     """
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -57,7 +57,7 @@ class GemmaRMSNorm(nn.Module):
     """Gemma's RMSNorm: ``rms_norm(x) * (1 + weight)`` in fp32, rounded once to ``x``'s dtype."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -73,7 +73,7 @@ class DiffusersRMSNorm(nn.Module):
     """
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight, bias, eps = self.weight, getattr(self, "bias", None), eps_of(self)
@@ -89,7 +89,7 @@ class SiluAndMul(nn.Module):
     """``silu(x[..., :H]) * x[..., H:]`` for ``x`` of ``[..., 2H]`` (vLLM's convention)."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
@@ -100,7 +100,7 @@ class GeluAndMul(nn.Module):
     """``gelu(x[..., :H]) * x[..., H:]``, exact (erf) GELU."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
@@ -111,7 +111,7 @@ class GeluTanhAndMul(nn.Module):
     """``gelu_tanh(x[..., :H]) * x[..., H:]``."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
@@ -122,7 +122,7 @@ class GeluTanh(nn.Module):
     """GELU with the tanh approximation (transformers' ``GELUTanh``, ``gelu_pytorch_tanh``)."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return ops.gelu_tanh(input)
@@ -133,7 +133,7 @@ class LinearGeluTanh(nn.Module):
     ``gelu_tanh(proj(x))`` with the GELU in the GEMM's epilogue (``linear_gelu_tanh``)."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         proj = self.proj

@@ -1,12 +1,22 @@
-// The Autograd kernel of ops that have no backward yet.
+// The Autograd kernels of our ops.
 //
-// Without an Autograd kernel torch only warns and backward() leaves every parameter below the
-// op with grad None: a patched model in train mode would silently train nothing but its head.
-// This kernel raises instead, naming the op and the argument, whenever grad mode is on and a
-// tensor argument requires grad; otherwise it runs the op's backend kernel unchanged.
+// forward_only: ops without a backward. Without an Autograd kernel torch only warns and
+// backward() leaves every parameter below the op with grad None: a patched model in train mode
+// would silently train nothing but its head. This kernel raises instead, naming the op and the
+// argument, whenever grad mode is on and a tensor argument requires grad; otherwise it runs the
+// op's backend kernel unchanged.
+//
+// differentiable: ops with a backward op `<name>_backward(<gradients of the outputs>, <the op's
+// own arguments>)` returning one gradient per tensor argument. Both are registered ops, so
+// torch.compile traces them as they are and AOTAutograd partitions forward from backward; the
+// backward recomputes what it needs from the inputs (e.g. a row's rstd) instead of saving it.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <string>
+#include <vector>
 
 #include "torch/registration.h"
 
@@ -55,10 +65,88 @@ void forward_only(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
 }
 
+// The op's call as a torch::autograd::Function. `tensors` are the tensor arguments given (an
+// absent optional one is not a variable), `args` all the arguments with those tensors replaced
+// by None (the tensors are saved as SavedVariables, which check that they are not modified in
+// place before the backward); tensor i is argument positions[i] and the backward op's return
+// slots[i] (its ordinal among the schema's tensor arguments).
+struct Differentiable : torch::autograd::Function<Differentiable> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const c10::OperatorHandle& op, at::TensorList tensors,
+                                                std::vector<c10::IValue> args, std::vector<int64_t> positions,
+                                                std::vector<int64_t> slots) {
+    torch::jit::Stack stack = args;
+    for (size_t i = 0; i < tensors.size(); ++i) stack[positions[i]] = tensors[i];
+    {
+      const at::AutoDispatchBelowADInplaceOrView guard;
+      op.callBoxed(stack);
+    }
+    ctx->save_for_backward(tensors.vec());
+    ctx->saved_data["op"] = op.operator_name().name;
+    ctx->saved_data["args"] = c10::ivalue::Tuple::create(std::move(args));
+    ctx->saved_data["positions"] = positions;
+    ctx->saved_data["slots"] = slots;
+    torch::autograd::variable_list outputs;
+    for (const c10::IValue& v : stack) outputs.push_back(v.toTensor());
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::string backward_name = ctx->saved_data["op"].toStringRef() + "_backward";
+    const c10::OperatorHandle backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(backward_name.c_str(), "");
+    const torch::autograd::variable_list tensors = ctx->get_saved_variables();
+    const std::vector<int64_t> positions = ctx->saved_data["positions"].toIntVector();
+    const std::vector<int64_t> slots = ctx->saved_data["slots"].toIntVector();
+    torch::jit::Stack stack(grads.begin(), grads.end());
+    for (const c10::IValue& v : ctx->saved_data["args"].toTupleRef().elements()) stack.push_back(v);
+    for (size_t i = 0; i < tensors.size(); ++i) stack[grads.size() + positions[i]] = tensors[i];
+    backward_op.callBoxed(stack);
+    // One gradient per argument of forward: op, each tensor, args, positions, slots.
+    torch::autograd::variable_list out(tensors.size() + 4);
+    for (size_t i = 0; i < tensors.size(); ++i) out[1 + i] = stack.at(slots[i]).toTensor();
+    return out;
+  }
+};
+
+void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  if (!at::GradMode::is_enabled() || argument_requiring_grad(schema, torch::jit::last(*stack, num_args)) == nullptr) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+    return;
+  }
+  std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
+  torch::jit::drop(*stack, num_args);
+  std::vector<at::Tensor> tensors;
+  std::vector<int64_t> positions, slots;
+  int64_t slot = 0;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!schema.arguments()[i].type()->isSubtypeOf(*c10::OptionalType::ofTensor())) continue;  // Tensor(?)
+    if (args[i].isTensor()) {
+      tensors.push_back(args[i].toTensor());
+      positions.push_back(static_cast<int64_t>(i));
+      slots.push_back(slot);
+      args[i] = c10::IValue();
+    }
+    ++slot;
+  }
+  // A TensorList, not the vector: Function::apply finds the variables by argument type.
+  for (at::Tensor& out : Differentiable::apply(op, at::TensorList(tensors), std::move(args), std::move(positions),
+                                               std::move(slots))) {
+    stack->push_back(std::move(out));
+  }
+}
+
 }  // namespace
 
 torch::CppFunction forward_only_kernel() {
   return torch::CppFunction::makeFromBoxedFunction<&forward_only>();
+}
+
+torch::CppFunction differentiable_kernel() {
+  return torch::CppFunction::makeFromBoxedFunction<&differentiable>();
 }
 
 }  // namespace ltx_kernels::torch_ext

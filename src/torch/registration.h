@@ -24,4 +24,6 @@ namespace ltx_kernels::torch_ext {
 // The Autograd kernel of an op without a backward (autograd.cpp): raises when an input
 // requires grad in grad mode, so gradients are never silently None.
 torch::CppFunction forward_only_kernel();
+// The Autograd kernel of an op `<name>` with a registered `<name>_backward` (autograd.cpp).
+torch::CppFunction differentiable_kernel();
 }  // namespace ltx_kernels::torch_ext

@@ -5,46 +5,82 @@
 #include "torch/registration.h"
 
 LTX_KERNELS_LIBRARY(m) {
-  // No op has a backward yet: each gets the Autograd kernel that raises when an input
-  // requires grad (autograd.cpp) instead of torch's silent None gradients.
-  const auto def = [&m](const char* schema) {
+  // An op without a backward gets the Autograd kernel that raises when an input requires grad
+  // (autograd.cpp) instead of torch's silent None gradients; so do the backward ops (no double
+  // backward). An op with a backward is defined with it: `<name>_backward(<gradients of the
+  // outputs>, <the op's arguments>) -> <one gradient per tensor argument>` (norm_backward.cpp,
+  // elementwise_backward.cpp), and gets the Autograd kernel that calls it.
+  const auto with_autograd = [&m](const char* schema, torch::CppFunction kernel) {
     m.def(schema);
     const std::string name(schema, std::string(schema).find('('));
-    m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
-                                 ltx_kernels::torch_ext::forward_only_kernel()));
+    m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd, std::move(kernel)));
+  };
+  const auto def = [&](const char* schema) {
+    with_autograd(schema, ltx_kernels::torch_ext::forward_only_kernel());
+  };
+  const auto def_with_backward = [&](const char* schema, const char* backward_schema) {
+    with_autograd(schema, ltx_kernels::torch_ext::differentiable_kernel());
+    def(backward_schema);
   };
   // Norm family (norm.cpp). weight_offset = 1 gives Gemma's (1 + weight).
-  def("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
-      " -> Tensor");
-  def("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-6,"
-      " float weight_offset=0.0) -> (Tensor out, Tensor new_residual)");
+  def_with_backward("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
+                    " -> Tensor",
+                    "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight=None, float eps=1e-6,"
+                    " float weight_offset=0.0) -> (Tensor grad_x, Tensor grad_weight)");
+  def_with_backward("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-6,"
+                    " float weight_offset=0.0) -> (Tensor out, Tensor new_residual)",
+                    "fused_add_rms_norm_backward(Tensor grad_out, Tensor grad_new_residual, Tensor x,"
+                    " Tensor residual, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
+                    " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight)");
+  // In place: forward-only (inference; training uses fused_add_rms_norm).
   def("fused_add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor? weight=None,"
       " float eps=1e-6, float weight_offset=0.0) -> Tensor");
-  def("layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-5)"
-      " -> Tensor");
+  def_with_backward("layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-5)"
+                    " -> Tensor",
+                    "layer_norm_backward(Tensor grad_out, Tensor x, Tensor? weight=None, Tensor? bias=None,"
+                    " float eps=1e-5) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   // DiT forms (norm.cpp): AdaLN modulation norm(x) * (1 + scale) + shift, scale/shift/gate
   // broadcast as [D], [B, 1, D] or per token [B, S, D].
-  def("adaln_rms_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
-      " float eps=1e-6) -> Tensor");
-  def("adaln_layer_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
-      " Tensor? bias=None, float eps=1e-6) -> Tensor");
-  def("gated_residual_adaln_rms_norm(Tensor x, Tensor y, Tensor? gate, Tensor scale,"
-      " Tensor shift, Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed)");
+  def_with_backward("adaln_rms_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
+                    " float eps=1e-6) -> Tensor",
+                    "adaln_rms_norm_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor shift,"
+                    " Tensor? weight=None, float eps=1e-6)"
+                    " -> (Tensor grad_x, Tensor grad_scale, Tensor grad_shift, Tensor grad_weight)");
+  def_with_backward("adaln_layer_norm(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None,"
+                    " Tensor? bias=None, float eps=1e-6) -> Tensor",
+                    "adaln_layer_norm_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor shift,"
+                    " Tensor? weight=None, Tensor? bias=None, float eps=1e-6) -> (Tensor grad_x,"
+                    " Tensor grad_scale, Tensor grad_shift, Tensor grad_weight, Tensor grad_bias)");
+  def_with_backward("gated_residual_adaln_rms_norm(Tensor x, Tensor y, Tensor? gate, Tensor scale,"
+                    " Tensor shift, Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed)",
+                    "gated_residual_adaln_rms_norm_backward(Tensor grad_x_new, Tensor grad_normed, Tensor x,"
+                    " Tensor y, Tensor? gate, Tensor scale, Tensor shift, Tensor? weight=None, float eps=1e-6)"
+                    " -> (Tensor grad_x, Tensor grad_y, Tensor grad_gate, Tensor grad_scale,"
+                    " Tensor grad_shift, Tensor grad_weight)");
 
   // Elementwise family (elementwise.cpp). Concatenated inputs are [..., 2H]:
   // act(x[..., :H]) * x[..., H:]. approximate: 'tanh' or 'none' (exact erf GELU). The .out
   // forms write a given tensor and return nothing (custom ops cannot return an alias).
-  def("gelu_tanh(Tensor x) -> Tensor");
-  def("gelu_tanh_and_mul(Tensor a, Tensor b) -> Tensor");
-  def("gelu_and_mul(Tensor a, Tensor b) -> Tensor");
-  def("silu_and_mul(Tensor a, Tensor b) -> Tensor");
-  def("geglu(Tensor x, str approximate='tanh') -> Tensor");
+  // The .out forms are forward-only.
+  def_with_backward("gelu_tanh(Tensor x) -> Tensor", "gelu_tanh_backward(Tensor grad_out, Tensor x) -> Tensor");
+  def_with_backward("gelu_tanh_and_mul(Tensor a, Tensor b) -> Tensor",
+                    "gelu_tanh_and_mul_backward(Tensor grad_out, Tensor a, Tensor b) -> (Tensor grad_a, Tensor grad_b)");
+  def_with_backward("gelu_and_mul(Tensor a, Tensor b) -> Tensor",
+                    "gelu_and_mul_backward(Tensor grad_out, Tensor a, Tensor b) -> (Tensor grad_a, Tensor grad_b)");
+  def_with_backward("silu_and_mul(Tensor a, Tensor b) -> Tensor",
+                    "silu_and_mul_backward(Tensor grad_out, Tensor a, Tensor b) -> (Tensor grad_a, Tensor grad_b)");
+  def_with_backward("geglu(Tensor x, str approximate='tanh') -> Tensor",
+                    "geglu_backward(Tensor grad_out, Tensor x, str approximate='tanh') -> Tensor");
   def("geglu.out(Tensor x, str approximate='tanh', *, Tensor(a!) out) -> ()");
-  def("swiglu(Tensor x) -> Tensor");
+  def_with_backward("swiglu(Tensor x) -> Tensor", "swiglu_backward(Tensor grad_out, Tensor x) -> Tensor");
   def("swiglu.out(Tensor x, *, Tensor(a!) out) -> ()");
-  def("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor");
+  def_with_backward("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor",
+                    "gated_residual_backward(Tensor grad_out, Tensor x, Tensor y, Tensor? gate)"
+                    " -> (Tensor grad_x, Tensor grad_y, Tensor grad_gate)");
   // Linear + GELU-tanh with the activation in the GEMM epilogue (linear.cpp).
-  def("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor");
+  def_with_backward("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor",
+                    "linear_gelu_tanh_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias)"
+                    " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   // FP8 linear path (quantize.cpp): rows to float8 e4m3 with one fp32 scale per row (of x or
   // of an activation of x: 'none' or 'gelu_tanh'), and the GEMM of two such operands (weight
   // [N, K] quantized per output channel).

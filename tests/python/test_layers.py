@@ -44,7 +44,8 @@ def swapped(module: nn.Module, layer: type) -> nn.Module:
 
 
 def random_stock(layer: type, device, dtype) -> nn.Module:
-    """A stock module with random parameters, frozen: the layers are forward-only."""
+    """A stock module with random parameters, frozen (the forward is under test here; the
+    layers' gradients are those of their ops, tests/python/test_backward.py)."""
     module = REPLACES[layer]().to(device=device, dtype=dtype).requires_grad_(False)
     for p in module.parameters():
         p.normal_()
@@ -57,7 +58,7 @@ def test_follows_the_kernels_layer_rules(layer):
     assert issubclass(layer, nn.Module) and layer.__init__ is nn.Module.__init__
     members = {name for name, _ in inspect.getmembers(layer)} - {name for name, _ in inspect.getmembers(nn.Module)}
     assert members == {"can_torch_compile", "has_backward"}
-    assert layer.can_torch_compile is True and layer.has_backward is False
+    assert layer.can_torch_compile is True and layer.has_backward is True
     if layer in REPLACES:
         ours = inspect.signature(layer.forward).parameters.values()
         stock = inspect.signature(type(REPLACES[layer]()).forward).parameters.values()
@@ -134,7 +135,7 @@ def test_layers_compile_fullgraph(device):
 
     torch._dynamo.reset()
     backend = "inductor" if device == "cuda" else "aot_eager"
-    with torch.no_grad():  # the ops are forward-only
+    with torch.no_grad():
         assert_close(torch.compile(f, fullgraph=True, backend=backend)(x), f(x), torch.float32)
 
 

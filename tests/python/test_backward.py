@@ -1,0 +1,303 @@
+"""Gradients of the ops with a backward (issue 22): every gradient against autograd of the
+plain-torch formula in fp64 on the same (rounded) inputs, for every dtype, odd and small sizes,
+row-strided inputs, absent optional arguments and every broadcast form of scale / shift / gate;
+opcheck (autograd registration, AOTAutograd tracing) and torch.compile of forward + backward."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEVICES, DTYPES, assert_close
+from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
+
+ops = torch.ops.ltx_kernels
+SIZES = [1, 7, 64, 130]
+# A norm of one or two channels maps every row to constants (+-1): its gradient is ~eps / x^2,
+# nothing but rounding error in fp32, so the norms start at three channels.
+NORM_SIZES = [3, 7, 64, 130]
+
+
+def leaf(shape, dtype, device, strided=False):
+    """A random leaf tensor requiring grad and the view the op gets: itself, or (strided) the
+    same values as rows of a wider tensor (row stride D + 3), through which grads flow back."""
+    t = torch.randn(shape, device=device).to(dtype).requires_grad_()
+    if not strided:
+        return t, t
+    wide = torch.cat([t, t.new_zeros(*t.shape[:-1], 3)], -1)
+    return t, wide[..., : shape[-1]]
+
+
+def rounded(t, dtype):
+    """t rounded to dtype with the identity's gradient: a value the forward stores and reads."""
+    return t + (t.to(dtype).double() - t).detach()
+
+
+def check_grads(ours, formula, leaves, views, dtype, scale=None):
+    """ours(*views) and formula(*fp64 copies of leaves): the same gradients of a random linear
+    function of the outputs, for every leaf; gradients in their leaf's dtype."""
+    outs = ours(*views)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    cots = [torch.randn_like(o, dtype=torch.float32).to(o.dtype) for o in outs]
+    present = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad(outs, present, cots)
+    copies = [None if t is None else t.detach().double().requires_grad_() for t in leaves]
+    refs = formula(*copies)
+    refs = refs if isinstance(refs, tuple) else (refs,)
+    ref_grads = torch.autograd.grad(refs, [c for c in copies if c is not None], [c.double() for c in cots])
+    scale = scale or (10.0 if dtype == torch.float32 else 2.0)  # fp32: within 1e-4 relative
+    for g, r, t in zip(grads, ref_grads, present):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        assert_close(g, r, dtype, scale=scale)
+
+
+def rms(x, eps):
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+def layer(x, eps):
+    return F.layer_norm(x, (x.shape[-1],), eps=eps)
+
+
+def row_vector(kind, b, s, d, dtype, device):
+    """scale / shift / gate in a broadcast form a DiT passes: [D], [B, 1, D] or [B, S, D]."""
+    shape = {"vector": (d,), "per_batch": (b, 1, d), "per_token": (b, s, d)}[kind]
+    return leaf(shape, dtype, device, strided=kind == "per_token")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", NORM_SIZES)
+@pytest.mark.parametrize("weight_kind", ["none", "weight", "gemma"])
+@pytest.mark.parametrize("strided", [False, True])
+def test_rms_norm(device, dtype, d, weight_kind, strided):
+    x, xv = leaf((2, 5, d), dtype, device, strided)
+    w, _ = leaf((d,), dtype, device) if weight_kind != "none" else (None, None)
+    offset = 1.0 if weight_kind == "gemma" else 0.0
+
+    def formula(x, w):
+        y = rms(x, 1e-6)
+        return y if w is None else y * (w + offset)
+
+    check_grads(lambda x, w: ops.rms_norm(x, w, 1e-6, offset), formula, [x, w], [xv, w], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", NORM_SIZES)
+@pytest.mark.parametrize("affine", [(False, False), (True, False), (True, True), (False, True)])
+def test_layer_norm(device, dtype, d, affine):
+    x, xv = leaf((3, 4, d), dtype, device, strided=True)
+    w = leaf((d,), dtype, device)[0] if affine[0] else None
+    b = leaf((d,), dtype, device)[0] if affine[1] else None
+
+    def formula(x, w, b):
+        return F.layer_norm(x, (d,), w, b, 1e-5)
+
+    check_grads(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), formula, [x, w, b], [xv, w, b], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", NORM_SIZES)
+@pytest.mark.parametrize("with_weight", [False, True])
+def test_fused_add_rms_norm(device, dtype, d, with_weight):
+    x, xv = leaf((2, 3, d), dtype, device, strided=True)
+    res, resv = leaf((2, 3, d), dtype, device)
+    w = leaf((d,), dtype, device)[0] if with_weight else None
+
+    def formula(x, res, w):
+        h = rounded(x + res, dtype)
+        y = rms(h, 1e-6)
+        return (y if w is None else y * w), h
+
+    check_grads(lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6), formula, [x, res, w], [xv, resv, w], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [7, 64])
+@pytest.mark.parametrize("kind", ["vector", "per_batch", "per_token"])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("affine", [False, True])
+def test_adaln(device, dtype, d, kind, norm, affine):
+    b, s = 2, 5
+    x, xv = leaf((b, s, d), dtype, device, strided=True)
+    scale, scale_v = row_vector(kind, b, s, d, dtype, device)
+    shift, shift_v = row_vector(kind, b, s, d, dtype, device)
+    w = leaf((d,), dtype, device)[0] if affine else None
+    if norm == "rms":
+        def ours(x, scale, shift, w):
+            return ops.adaln_rms_norm(x, scale, shift, w, 1e-6)
+
+        def formula(x, scale, shift, w):
+            y = rms(x, 1e-6)
+            return (y if w is None else y * w) * (1 + scale) + shift
+
+        check_grads(ours, formula, [x, scale, shift, w], [xv, scale_v, shift_v, w], dtype)
+    else:
+        bias = leaf((d,), dtype, device)[0] if affine else None
+
+        def ours(x, scale, shift, w, bias):
+            return ops.adaln_layer_norm(x, scale, shift, w, bias, 1e-6)
+
+        def formula(x, scale, shift, w, bias):
+            return F.layer_norm(x, (d,), w, bias, 1e-6) * (1 + scale) + shift
+
+        check_grads(ours, formula, [x, scale, shift, w, bias], [xv, scale_v, shift_v, w, bias], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [3, 64, 130])
+@pytest.mark.parametrize("gate_kind", ["none", "vector", "per_batch", "per_token"])
+def test_gated_residual_and_adaln(device, dtype, d, gate_kind):
+    b, s = 2, 3
+    x, xv = leaf((b, s, d), dtype, device)
+    y, yv = leaf((b, s, d), dtype, device, strided=True)
+    gate, gate_v = row_vector(gate_kind, b, s, d, dtype, device) if gate_kind != "none" else (None, None)
+    scale, scale_v = row_vector("per_batch", b, s, d, dtype, device)
+    shift, shift_v = row_vector("vector", b, s, d, dtype, device)
+    w = leaf((d,), dtype, device)[0]
+
+    def branch(x, y, gate):
+        return x + (y if gate is None else y * gate)
+
+    check_grads(lambda x, y, g: ops.gated_residual(x, y, g), branch, [x, y, gate], [xv, yv, gate_v], dtype)
+
+    def ours(x, y, gate, scale, shift, w):
+        return ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, w, 1e-6)
+
+    def formula(x, y, gate, scale, shift, w):
+        x_new = rounded(branch(x, y, gate), dtype)
+        return x_new, rms(x_new, 1e-6) * w * (1 + scale) + shift
+
+    check_grads(ours, formula, [x, y, gate, scale, shift, w], [xv, yv, gate_v, scale_v, shift_v, w], dtype)
+
+
+ACTIVATIONS = {"gelu_tanh_and_mul": gelu_tanh_formula, "gelu_and_mul": gelu_formula, "silu_and_mul": silu_formula}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", SIZES)
+@pytest.mark.parametrize("name", ["gelu_tanh", *ACTIVATIONS, "geglu_tanh", "geglu_none", "swiglu"])
+def test_activations(device, dtype, d, name):
+    """Inputs scaled by 3 reach the far negative tail (test_elementwise.TAIL) now and then."""
+    if name == "gelu_tanh":
+        x, xv = leaf((3, d), dtype, device, strided=True)
+        check_grads(lambda x: ops.gelu_tanh(x * 3), lambda x: gelu_tanh_formula(x * 3), [x], [xv], dtype)
+    elif name in ACTIVATIONS:
+        a, av = leaf((2, 3, d), dtype, device, strided=True)
+        b, bv = leaf((2, 3, d), dtype, device)
+        act = ACTIVATIONS[name]
+        check_grads(lambda a, b: getattr(ops, name)(a, b), lambda a, b: act(a) * b, [a, b], [av, bv], dtype)
+    else:
+        x, xv = leaf((2, 3, 2 * d), dtype, device, strided=True)
+        act = {"geglu_tanh": gelu_tanh_formula, "geglu_none": gelu_formula, "swiglu": silu_formula}[name]
+
+        def ours(x):
+            return ops.swiglu(x) if name == "swiglu" else ops.geglu(x, name.split("_")[1])
+
+        check_grads(ours, lambda x: act(x[..., :d]) * x[..., d:], [x], [xv], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, n", [(1, 7, 5), (6, 64, 96), (33, 130, 17)])
+def test_linear_gelu_tanh(device, dtype, rows, k, n):
+    """The GEMMs of the gradients run in the input dtype, as torch's autograd of Linear + GELU:
+    in 16 bits the gradient of h is rounded before them (one more rounding, scale 4)."""
+    x, xv = leaf((rows, k), dtype, device, strided=True)
+    w = (torch.randn(n, k, device=device) / math.sqrt(k)).to(dtype).requires_grad_()
+    b = torch.randn(n, device=device).to(dtype).requires_grad_()
+
+    def formula(x, w, b):
+        h = x @ w.T + b
+        return gelu_tanh_formula(h if dtype == torch.float32 else rounded(h, dtype))
+
+    check_grads(lambda x, w, b: ops.linear_gelu_tanh(x, w, b), formula, [x, w, b], [xv, w, b], dtype,
+                scale=10.0 if dtype == torch.float32 else 4.0)
+
+
+def test_gradcheck_fp32():
+    """Finite differences in fp32 (the ops take no fp64): eps 1e-2 on inputs ~1, so the
+    forward's fp32 rounding (~1e-7) adds ~1e-5 to each difference quotient."""
+    x = torch.randn(3, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    gate = torch.randn(8, requires_grad=True)
+    kw = dict(eps=1e-2, atol=2e-3, rtol=2e-2, fast_mode=False)
+    assert torch.autograd.gradcheck(lambda x, w: ops.rms_norm(x, w, 1e-6, 0.0), (x, w), **kw)
+    assert torch.autograd.gradcheck(lambda x, w: ops.layer_norm(x, w, w, 1e-5), (x, w), **kw)
+    assert torch.autograd.gradcheck(lambda x, g: ops.gated_residual(x, x, g), (x, gate), **kw)
+    assert torch.autograd.gradcheck(lambda x: ops.swiglu(x), (x,), **kw)
+
+
+def test_unused_output_and_absent_grads():
+    """A multi-output op whose second output is unused gets zeros for it; an input that does
+    not require grad gets none; an absent optional input has no gradient."""
+    x = torch.randn(2, 16, requires_grad=True)
+    res = torch.randn(2, 16)
+    out, _ = ops.fused_add_rms_norm(x, res, None, 1e-6)
+    (gx,) = torch.autograd.grad(out.sum(), [x])
+    x64 = x.detach().double().requires_grad_()
+    (ref,) = torch.autograd.grad(rms(rounded(x64 + res.double(), torch.float32), 1e-6).sum(), [x64])
+    assert_close(gx, ref, torch.float32, scale=10.0)
+
+
+def test_backward_ops_are_not_differentiable_twice():
+    """A second derivative (create_graph) raises, naming the backward op, not silent None."""
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match="rms_norm_backward: `grad_out` requires grad.*no backward"):
+        torch.autograd.grad(ops.rms_norm(x, None, 1e-6, 0.0).square().sum(), [x], create_graph=True)
+
+
+OPCHECK = [
+    ("rms_norm", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(16, requires_grad=True), 1e-6, 0.0)),
+    ("layer_norm", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(16, requires_grad=True), None, 1e-5)),
+    ("fused_add_rms_norm", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(3, 16), None, 1e-6, 0.0)),
+    ("adaln_rms_norm", lambda: (torch.randn(2, 3, 16, requires_grad=True), torch.randn(2, 1, 16, requires_grad=True),
+                                torch.randn(16, requires_grad=True), None, 1e-6)),
+    ("gated_residual_adaln_rms_norm", lambda: (
+        torch.randn(2, 3, 16, requires_grad=True), torch.randn(2, 3, 16, requires_grad=True),
+        torch.randn(2, 1, 16, requires_grad=True), torch.randn(16), torch.randn(16), torch.randn(16), 1e-6)),
+    ("gelu_tanh_and_mul", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(3, 16, requires_grad=True))),
+    ("geglu", lambda: (torch.randn(3, 16, requires_grad=True), "none")),
+    ("linear_gelu_tanh", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True),
+                                  torch.randn(8, requires_grad=True))),
+]
+
+
+@pytest.mark.parametrize("name, make", OPCHECK, ids=[n for n, _ in OPCHECK])
+def test_opcheck_with_grad(name, make):
+    """torch.library's checks with inputs that require grad: the autograd registration and
+    AOTAutograd tracing forward and backward (what torch.compile does in training)."""
+    torch.library.opcheck(getattr(ops, name).default, make())
+
+
+def test_compile_forward_and_backward():
+    """torch.compile(fullgraph) traces forward and backward; the gradients match eager."""
+    def block(x, w, scale, shift):
+        return ops.gelu_tanh(ops.adaln_rms_norm(x, scale, shift, w, 1e-6)).sum()
+
+    args = [torch.randn(2, 5, 32), torch.randn(32), torch.randn(2, 1, 32), torch.randn(32)]
+    eager = [a.clone().requires_grad_() for a in args]
+    compiled = [a.clone().requires_grad_() for a in args]
+    ge = torch.autograd.grad(block(*eager), eager)
+    gc = torch.autograd.grad(torch.compile(block, backend="aot_eager", fullgraph=True)(*compiled), compiled)
+    for a, b in zip(ge, gc):
+        torch.testing.assert_close(a, b)
+
+
+def test_train_mode_report_names_the_forward_only_modules():
+    """apply() on a model in train mode says which patched modules train and which raise."""
+    transformers = pytest.importorskip("transformers")
+    import ltx_kernels.transformers
+
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).train()
+    report = ltx_kernels.transformers.apply(model)
+    (note,) = [n for n in report.notes if "train mode" in n]
+    assert "apply_rotary_pos_emb" in note and "RMSNorm (rms_norm)" not in note
