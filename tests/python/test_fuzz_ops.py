@@ -60,7 +60,7 @@ class Call:
     # Outside the CUDA kernel's documented domain (attention on CUDA: bf16 or fp16, head_dim 64
     # or 128): on the GPU the call must raise a clear error naming the op, not run.
     cuda_refuses: bool = False
-    cuda_scale: float = None  # the GPU's tolerance scale where it differs from the CPU's
+    cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
 
     def run(self, device=None):
         def move(a):
