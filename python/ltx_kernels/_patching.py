@@ -279,9 +279,10 @@ class Report:
 
 
 def _trains(kind: str) -> bool:
-    """Whether a report kind's module has a backward: it names our ops (e.g. 'RMSNorm
-    (rms_norm)') and each has a registered ``<op>_backward``."""
-    named = [word for word in re.findall(r"[a-z0-9_]+", kind) if hasattr(_ops, word)]
+    """Whether a report kind's module has a backward: it names our ops in parentheses (e.g.
+    'RMSNorm (rms_norm)') and each has a registered ``<op>_backward``."""
+    inside = " ".join(re.findall(r"\(([^)]*)\)", kind))
+    named = [word for word in re.findall(r"[a-z0-9_]+", inside) if hasattr(_ops, word)]
     return bool(named) and all(hasattr(_ops, f"{word}_backward") for word in named)
 
 

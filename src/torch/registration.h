@@ -20,6 +20,11 @@
 #define LTX_KERNELS_LIBRARY(m) LTX_KERNELS_TORCH_LIBRARY_EXPAND(LTX_KERNELS_OPS_NAMESPACE, m)
 #define LTX_KERNELS_LIBRARY_IMPL(k, m) LTX_KERNELS_TORCH_LIBRARY_IMPL_EXPAND(LTX_KERNELS_OPS_NAMESPACE, k, m)
 
+// The namespace as a string, e.g. for an op's qualified name: "ltx_kernels".
+#define LTX_KERNELS_STRINGIFY(x) #x
+#define LTX_KERNELS_STRINGIFY_EXPAND(x) LTX_KERNELS_STRINGIFY(x)
+#define LTX_KERNELS_OPS_NAMESPACE_STR LTX_KERNELS_STRINGIFY_EXPAND(LTX_KERNELS_OPS_NAMESPACE)
+
 namespace ltx_kernels::torch_ext {
 // The Autograd kernel of an op without a backward (autograd.cpp): raises when an input
 // requires grad in grad mode, so gradients are never silently None.

@@ -9,7 +9,7 @@ LTX_KERNELS_LIBRARY(m) {
   // (autograd.cpp) instead of torch's silent None gradients; so do the backward ops (no double
   // backward). An op with a backward is defined with it: `<name>_backward(<gradients of the
   // outputs>, <the op's arguments>) -> <one gradient per tensor argument>` (norm_backward.cpp,
-  // elementwise_backward.cpp), and gets the Autograd kernel that calls it.
+  // elementwise_backward.cpp, rope_backward.cpp), and gets the Autograd kernel that calls it.
   const auto with_autograd = [&m](const char* schema, torch::CppFunction kernel) {
     m.def(schema);
     const std::string name(schema, std::string(schema).find('('));
@@ -93,8 +93,11 @@ LTX_KERNELS_LIBRARY(m) {
       " str precision='bf16') -> Tensor");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
-  def("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"
-      " int unsqueeze_dim=1, int[]? sections=None) -> (Tensor q_out, Tensor k_out)");
+  def_with_backward("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"
+                    " int unsqueeze_dim=1, int[]? sections=None) -> (Tensor q_out, Tensor k_out)",
+                    "apply_rotary_pos_emb_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
+                    " Tensor cos, Tensor sin, bool interleaved=False, int unsqueeze_dim=1, int[]? sections=None)"
+                    " -> (Tensor grad_q, Tensor grad_k, Tensor grad_cos, Tensor grad_sin)");
   def("ltx_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   def("ltx_rope_angles(Tensor x, int[3] grid, float[3] axis_scale, Tensor? video_coords=None,"
       " float theta=10000.0) -> Tensor");

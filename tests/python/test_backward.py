@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from conftest import DEVICES, DTYPES, assert_close
 from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
+from test_rope import llm_rope_formula
 
 ops = torch.ops.ltx_kernels
 SIZES = [1, 7, 64, 130]
@@ -221,6 +222,44 @@ def test_linear_gelu_tanh(device, dtype, rows, k, n):
                 scale=10.0 if dtype == torch.float32 else 4.0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bhsd", [True, False])
+@pytest.mark.parametrize("rotary", ["full", "partial", "interleaved", "sections"])
+@pytest.mark.parametrize("table", ["per_batch", "shared", "fp32"])
+def test_apply_rotary_pos_emb(device, dtype, bhsd, rotary, table):
+    """q and k (GQA: fewer k heads), full or partial rotary, half-split, interleaved or in
+    sections; [B, S, R] or [S, R] tables in x's dtype or fp32, with gradients of their own
+    (arbitrary values: the two halves of a pair need not share an angle)."""
+    b, s, hq, hk, dh = 2, 5, 4, 2, 16
+    r = 8 if rotary == "partial" else dh
+    shape = (lambda h: (b, h, s, dh)) if bhsd else (lambda h: (b, s, h, dh))
+    q, qv = leaf(shape(hq), dtype, device, strided=True)
+    k, kv = leaf(shape(hk), dtype, device)
+    table_dtype = torch.float32 if table == "fp32" else dtype
+    tshape = (s, r) if table == "shared" else (b, s, r)
+    cos, sin = (leaf(tshape, table_dtype, device)[0] for _ in range(2))
+    interleaved = rotary == "interleaved"
+    sections = [4, 8, 4] if rotary == "sections" else None
+    unsqueeze_dim = 1 if bhsd else 2
+
+    def ours(q, k, cos, sin):
+        return ops.apply_rotary_pos_emb(q, k, cos, sin, interleaved, unsqueeze_dim, sections)
+
+    def formula(q, k, cos, sin):
+        if sections is None:
+            return tuple(llm_rope_formula(t, cos, sin, unsqueeze_dim, interleaved) for t in (q, k))
+        starts = [0, 4, 12]  # half-split rotation within each section
+        outs = []
+        for t in (q, k):
+            pieces = [llm_rope_formula(t[..., a:a + n], cos[..., a:a + n], sin[..., a:a + n], unsqueeze_dim, False)
+                      for a, n in zip(starts, sections)]
+            outs.append(torch.cat(pieces, -1))
+        return tuple(outs)
+
+    check_grads(ours, formula, [q, k, cos, sin], [qv, kv, cos, sin], dtype)
+
+
 def test_gradcheck_fp32():
     """Finite differences in fp32 (the ops take no fp64): eps 1e-2 on inputs ~1, so the
     forward's fp32 rounding (~1e-7) adds ~1e-5 to each difference quotient."""
@@ -267,6 +306,8 @@ OPCHECK = [
     ("geglu", lambda: (torch.randn(3, 16, requires_grad=True), "none")),
     ("linear_gelu_tanh", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True),
                                   torch.randn(8, requires_grad=True))),
+    ("apply_rotary_pos_emb", lambda: (torch.randn(2, 4, 3, 8, requires_grad=True), torch.randn(2, 2, 3, 8),
+                                      torch.randn(2, 3, 8), torch.randn(2, 3, 8), False, 1, None)),
 ]
 
 
@@ -291,14 +332,25 @@ def test_compile_forward_and_backward():
         torch.testing.assert_close(a, b)
 
 
-def test_train_mode_report_names_the_forward_only_modules():
-    """apply() on a model in train mode says which patched modules train and which raise."""
+def test_patched_llama_trains_like_stock():
+    """A patched Llama in train mode (every patched op has a backward: RMSNorm, the fused
+    residual + norm, SwiGLU, RoPE): every parameter's gradient matches the stock model's, and
+    the report says every patched module has a backward."""
     transformers = pytest.importorskip("transformers")
+    import copy
+
     import ltx_kernels.transformers
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(config).train()
-    report = ltx_kernels.transformers.apply(model)
-    (note,) = [n for n in report.notes if "train mode" in n]
-    assert "apply_rotary_pos_emb" in note and "RMSNorm (rms_norm)" not in note
+    torch.manual_seed(0)
+    stock = transformers.LlamaForCausalLM(config).train()
+    patched = copy.deepcopy(stock)
+    report = ltx_kernels.transformers.apply(patched)
+    assert any("every patched module has a backward" in n for n in report.notes), report.notes
+    ids = torch.randint(0, 64, (2, 7))
+    stock(ids, labels=ids).loss.backward()
+    patched(ids, labels=ids).loss.backward()
+    for (name, p), q in zip(stock.named_parameters(), patched.parameters()):
+        assert q.grad is not None, name
+        assert_close(q.grad, p.grad, torch.float32, scale=10.0)
