@@ -5,7 +5,14 @@
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 
+#include <optional>
+#include <tuple>
+
 namespace ltx_kernels::torch_ext {
+
+using OptTensor = std::optional<at::Tensor>;
+using Grads2 = std::tuple<at::Tensor, at::Tensor>;
+using Grads3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 inline at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
 

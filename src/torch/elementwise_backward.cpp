@@ -16,10 +16,6 @@
 namespace ltx_kernels::torch_ext {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-using Grads2 = std::tuple<at::Tensor, at::Tensor>;
-using Grads3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
 enum class Activation { kGeluTanh, kGelu, kSilu };
 
 // An activation and its derivative at a (fp32), in the forms without cancellation for large

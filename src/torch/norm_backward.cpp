@@ -11,10 +11,6 @@
 namespace ltx_kernels::torch_ext {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-using Grads2 = std::tuple<at::Tensor, at::Tensor>;
-using Grads3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-
 // x normalized as the forward does it (centered for LayerNorm), in fp32, with its 1 / std.
 struct Normalized {
   at::Tensor xhat;
