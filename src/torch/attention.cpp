@@ -120,15 +120,6 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-// The kernel copies rows 16 bytes at a time; a view whose rows are not 16-byte aligned (an odd
-// offset into a larger tensor) is copied once, O(S D) beside attention's O(S^2 D).
-at::Tensor rows_aligned(const at::Tensor& t) {
-  const Strides4 s = strides_of(t);
-  const bool aligned = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 && s.batch % 8 == 0 &&
-                       s.head % 8 == 0 && s.seq % 8 == 0;
-  return aligned ? t : t.contiguous();
-}
-
 at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& attn_mask,
                           std::optional<double> scale, c10::string_view precision) {
   at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
@@ -138,7 +129,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
                     std::to_string(q.size(3)));
   check_compute_capability(q, 80, "attention", "has no mma.sync tensor cores (Ampere and newer have them)");
   const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
-  const at::Tensor q16 = rows_aligned(q), k16 = rows_aligned(k), v16 = rows_aligned(v);
+  // A view whose rows are not 16-byte aligned (an odd offset into a larger tensor) is copied
+  // once, O(S D) beside attention's O(S^2 D).
+  const at::Tensor q16 = aligned16(q), k16 = aligned16(k), v16 = aligned16(v);
   AttentionParams p = params_of(q16, k16, v16, mask, scale, precision, out);
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
   p.arch = prop->major * 10 + prop->minor;

@@ -123,6 +123,12 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
   return stride;
 }
 
+at::Tensor aligned16(const at::Tensor& t) {
+  bool aligned = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 && (t.dim() == 0 || t.stride(-1) == 1);
+  for (int64_t d = 0; d + 1 < t.dim() && aligned; ++d) aligned = t.stride(d) * t.element_size() % 16 == 0;
+  return aligned ? t : at::empty(t.sizes(), t.options()).copy_(t);
+}
+
 Rows as_rows(const at::Tensor& t) {
   Rows r;
   r.cols = t.size(-1);

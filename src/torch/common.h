@@ -61,6 +61,12 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
 // do not collapse into one row stride.
 Rows as_rows(const at::Tensor& t);
 
+// t itself when its data pointer and every stride (in bytes) are multiples of 16 and its last
+// dim is contiguous, as kernels (and cuBLASLt) that move rows 16 bytes at a time need; else a
+// fresh contiguous copy. Not contiguous(), which returns a misaligned view as it is (an odd
+// storage offset, any stride on a dim of size 1).
+at::Tensor aligned16(const at::Tensor& t);
+
 // x seen as [batches, tokens, D] for per-batch and per-token vectors: batches = x.size(0)
 // when x has 3 or more dims, else 1.
 int64_t batches_of(const at::Tensor& x);

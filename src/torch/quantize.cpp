@@ -177,8 +177,9 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
                            const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
   check_compute_capability(x, 89, "fp8_linear", "has no FP8 tensor cores (Ada, Hopper have them)");
-  const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
-  const at::Tensor w = weight.contiguous(), xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
+  // cuBLASLt and our kernel load 16-byte aligned rows; a misaligned view is copied once.
+  const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight.contiguous());
+  const at::Tensor xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
   if (a.size(0) == 0 || a.size(1) == 0) {
     // No k: the accumulator is 0, the output the epilogue of 0 (the bias, NaN for a NaN scale).
     return epilogue(at::zeros({a.size(0), w.size(0)}, xs.options()), xs, ws, bias, out_dtype)

@@ -28,10 +28,10 @@ def test_cli_benchmarks_say_what_runs_on_the_cpu(what, argv, monkeypatch, capsys
     assert all(command in err and purpose in err for command, purpose in harness.ON_THE_CPU)
 
 
-@pytest.mark.parametrize("benchmark", [llm_e2e, ltx_e2e, fidelity])
-def test_module_benchmarks_say_what_runs_on_the_cpu(benchmark, monkeypatch, capsys):
+@pytest.mark.parametrize("bench_module", [llm_e2e, ltx_e2e, fidelity])
+def test_module_benchmarks_say_what_runs_on_the_cpu(bench_module, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert benchmark.main([]) == 2
+    assert bench_module.main([]) == 2
     err = capsys.readouterr().err
     assert all(command in err for command, _ in harness.ON_THE_CPU)
 
