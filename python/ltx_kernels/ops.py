@@ -260,6 +260,8 @@ def attention(
     are all masked gets zeros. ``precision="8bit"``: SageAttention's method, q and k in INT8
     with one scale per 64-token block and head, k first smoothed by its mean over the keys
     (softmax is invariant to it); the definition is in ``include/ltx_kernels/attention.h``.
+    The output is ``[B, Hq, Sq, D]`` laid out as ``[B, Sq, Hq, D]`` (as SDPA's flash backend),
+    so ``out.transpose(1, 2).flatten(2)`` is a view.
 
     The CPU implementation is that definition (the reference). CUDA: bf16 or fp16 inputs, head
     dim 64 or 128 (others raise); a Hopper wgmma kernel on sm_90, a portable one from sm_80.

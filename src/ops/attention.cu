@@ -230,7 +230,7 @@ __device__ __forceinline__ void load8(float (&x)[8], const T* row, int chunk) {
 // Thread t sums channels [8 c, 8 c + 8), c = t % (D / 8), over every kRowGroups-th row; the
 // row groups are then added in a fixed order.
 template <typename T, int D>
-__global__ void __launch_bounds__(kQuantThreads) k_sums_kernel(const AttentionParams p, const AttentionWorkspace w) {
+__global__ void __launch_bounds__(kQuantThreads) attention_k_sums_kernel(const AttentionParams p, const AttentionWorkspace w) {
   constexpr int kChunks = D / 8, kRowGroups = kQuantThreads / kChunks;
   __shared__ double partial[kRowGroups][D];
   const int64_t b = blockIdx.z, hk = blockIdx.y;
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kQuantThreads) k_sums_kernel(const AttentionPa
 // One block of kQuantBlock rows of one (batch, head) of q (IS_K false) or k minus its mean,
 // to INT8 with one scale, as the reference does. Rows past the end are written as zeros.
 template <typename T, int D, bool IS_K>
-__global__ void __launch_bounds__(kQuantThreads) quantize_block_kernel(const AttentionParams p,
+__global__ void __launch_bounds__(kQuantThreads) attention_quantize_kernel(const AttentionParams p,
                                                                      const AttentionWorkspace w) {
   constexpr int kChunks = D / 8, kRowGroups = kQuantThreads / kChunks, kRows = kQuantBlock / kRowGroups;
   __shared__ float scratch[core::kMaxWarpsPerBlock];
@@ -335,10 +335,10 @@ cudaError_t launch_typed(const AttentionParams& p, void* workspace, cudaStream_t
       return dim3(static_cast<unsigned>(count), static_cast<unsigned>(heads), static_cast<unsigned>(p.batch));
     };
     if (p.seq_k > 0) {
-      k_sums_kernel<T, D><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
-      quantize_block_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+      attention_k_sums_kernel<T, D><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+      attention_quantize_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
     }
-    quantize_block_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
+    attention_quantize_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return error;
   }

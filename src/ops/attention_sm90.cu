@@ -117,7 +117,7 @@ __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <typename T, int D, bool INT8>
-__global__ void __launch_bounds__(kThreads, 2) hopper_kernel(const AttentionParams p, const AttentionWorkspace w) {
+__global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const AttentionParams p, const AttentionWorkspace w) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using QK = std::conditional_t<INT8, int8_t, T>;
   using Acc = std::conditional_t<INT8, uint32_t, float>;
@@ -296,7 +296,7 @@ constexpr int kTransposeKeys = 64;
 constexpr int kTransposeThreads = 256;
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kTransposeThreads) transpose_v_kernel(const AttentionParams p,
+__global__ void __launch_bounds__(kTransposeThreads) attention_transpose_v_kernel(const AttentionParams p,
                                                                         const AttentionWorkspace w) {
   constexpr int kPitch = D + 8;  // elements; keeps rows 16-byte aligned, spreads the banks
   __shared__ __align__(16) T tile[kTransposeKeys][kPitch];
@@ -324,7 +324,7 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
   constexpr int kQKRow = D * (INT8 ? 1 : 2);
   constexpr int kBlockN = block_n(D);
   constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * D * kBlockN * 2 + 1024;  // + base alignment
-  const auto kernel = hopper_kernel<T, D, INT8>;
+  const auto kernel = attention_sm90_kernel<T, D, INT8>;
   cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, kBlockM)), static_cast<unsigned>(p.heads_q),
@@ -338,7 +338,7 @@ cudaError_t launch_typed(const AttentionParams& p, const AttentionWorkspace& w, 
   if (p.seq_k > 0) {
     const dim3 grid(static_cast<unsigned>(w.v_keys / kTransposeKeys), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
-    transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(p, w);
+    attention_transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(p, w);
   }
   return p.precision == AttentionPrecision::kInt8QK ? launch_kernel<T, D, true>(p, w, stream)
                                                     : launch_kernel<T, D, false>(p, w, stream);

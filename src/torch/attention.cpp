@@ -81,7 +81,10 @@ at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Te
   check_qkv(q, k, v);
   if (attn_mask) check_mask(*attn_mask, q, k);
   precision_of(precision);
-  return at::empty_symint(q.sym_sizes(), q.options());
+  // [B, H, S, D] laid out as [B, S, H, D], as SDPA's flash backend returns it: the models'
+  // out.transpose(1, 2).flatten(2) (heads back into channels) is then a view, not a copy.
+  return at::empty_symint({q.sym_size(0), q.sym_size(2), q.sym_size(1), q.sym_size(3)}, q.options())
+      .permute({0, 2, 1, 3});
 }
 
 AttentionParams params_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

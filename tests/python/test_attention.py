@@ -90,7 +90,9 @@ def outlier_qkv(b, h, s, d, seed=0):
 def test_exact_matches_sdpa(dtype, shape):
     q, k, v = qkv(shape, dtype)
     out = ltx_kernels.attention(q, k, v)
-    assert out.dtype == dtype and out.shape == q.shape and out.is_contiguous()
+    assert out.dtype == dtype and out.shape == q.shape
+    # Laid out [B, S, H, D], so the heads fold back into channels without a copy.
+    assert out.transpose(1, 2).is_contiguous()
     assert_close(out, sdpa64(q, k, v), dtype)
 
 

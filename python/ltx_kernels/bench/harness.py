@@ -162,14 +162,17 @@ GEMM_KEYS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")
 ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa")
 
 
-def kernel_split_ms(step) -> dict:
-    """GPU ms of one ``step()`` per kernel kind (GEMM / attention / other), from the profiler."""
+def kernel_split_ms(step, top: int = 8) -> dict:
+    """GPU ms of one ``step()`` per kernel kind (GEMM / attention / other), from the profiler,
+    and under ``other_kernels`` the ``top`` kernels of the other kind by time (what a fusion
+    would remove)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     split = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    others: dict[str, float] = {}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -178,6 +181,9 @@ def kernel_split_ms(step) -> dict:
         kind = ("attention" if any(k in name for k in ATTENTION_KEYS)
                 else "gemm" if any(k in name for k in GEMM_KEYS) else "other")
         split[kind] += event.device_time_total / 1e3
+        if kind == "other":
+            others[event.name[:160]] = others.get(event.name[:160], 0.0) + event.device_time_total / 1e3
+    split["other_kernels"] = dict(sorted(others.items(), key=lambda kv: -kv[1])[:top])
     return split
 
 
