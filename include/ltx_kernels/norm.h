@@ -7,6 +7,9 @@
 //   h   = residual + x * gate   (rounded to dtype, stored to residual_out; or h = x)
 //   y   = norm(h) * (weight + weight_offset) + bias
 //   out = y * (1 + scale) + shift
+// With an FP8 output, out (rounded to dtype, as it would be stored) is quantized per row to
+// e4m3 with quantize.h's format: exactly quantize_fp8(out), in one pass (the norm feeding an
+// FP8 GEMM).
 #pragma once
 
 #include <cstdint>
@@ -51,8 +54,13 @@ struct NormParams {
   RowVectors scale;  // optional AdaLN modulation, scale and shift together
   RowVectors shift;
 
-  void* out = nullptr;  // [rows, cols]
+  void* out = nullptr;  // [rows, cols]; optional when out_fp8 is set (then null, stride 0)
   int64_t out_row_stride = 0;
+
+  // Optional FP8 output: e4m3 bytes [rows, cols] and one fp32 scale per row (quantize.h).
+  uint8_t* out_fp8 = nullptr;
+  int64_t out_fp8_row_stride = 0;
+  float* out_fp8_scale = nullptr;  // [rows]
 };
 
 ValidationError validate(const NormParams& p);

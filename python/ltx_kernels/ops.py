@@ -214,6 +214,35 @@ def quantize_fp8(x: torch.Tensor, activation: str = "none") -> tuple[torch.Tenso
     return _ops.quantize_fp8(x, _choice("quantize_fp8", "activation", activation, ("none", "gelu_tanh")))
 
 
+def adaln_rms_norm_fp8(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`adaln_rms_norm` for an FP8 GEMM's input: returns ``(q, q_scale)``, exactly
+    ``quantize_fp8(adaln_rms_norm(x, scale, shift, weight, eps))`` (the dtype output rounded,
+    then quantized) in one pass, without writing the dtype output. Forward-only."""
+    return _ops.adaln_rms_norm_fp8(x, scale, shift, weight, _eps("adaln_rms_norm_fp8", eps))
+
+
+def gated_residual_adaln_rms_norm_fp8(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: torch.Tensor | None,
+    scale: torch.Tensor,
+    shift: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gated_residual_adaln_rms_norm` for an FP8 GEMM's input: returns ``(x_new, q,
+    q_scale)``, ``x_new`` as there and ``(q, q_scale)`` exactly ``quantize_fp8(normed)``, in one
+    pass. Forward-only."""
+    return _ops.gated_residual_adaln_rms_norm_fp8(
+        x, y, gate, scale, shift, weight, _eps("gated_residual_adaln_rms_norm_fp8", eps))
+
+
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -24,9 +24,14 @@ ValidationError validate(const NormParams& p) {
     if (v->batch_stride < 0 || v->token_stride < 0) return "row vector strides must be >= 0";
   if (p.rows == 0) return nullptr;
   if (p.x == nullptr) return "x is null";
-  if (p.out == nullptr) return "out is null";
+  if (p.out == nullptr && p.out_fp8 == nullptr) return "out is null";
+  if ((p.out_fp8 == nullptr) != (p.out_fp8_scale == nullptr))
+    return "out_fp8 and out_fp8_scale must be given together";
   if (p.x_row_stride < 0 || p.residual_row_stride < 0) return "input row strides must be >= 0";
-  if (p.out_row_stride < p.cols) return "out rows overlap (out_row_stride < cols)";
+  if (p.out != nullptr && p.out_row_stride < p.cols) return "out rows overlap (out_row_stride < cols)";
+  if (p.out == nullptr && p.out_row_stride != 0) return "out_row_stride must be 0 without out";
+  if (p.out_fp8 != nullptr && p.out_fp8_row_stride < p.cols)
+    return "out_fp8 rows overlap (out_fp8_row_stride < cols)";
   if (p.residual_out != nullptr && p.residual_out_row_stride < p.cols)
     return "residual_out rows overlap (residual_out_row_stride < cols)";
   return nullptr;
@@ -39,9 +44,11 @@ using host_util::ceil_div;
 NormLaunchPlan plan_norm(const NormParams& p) {
   NormLaunchPlan plan;
   const int vec = 16 / dtype_size(p.dtype);
-  // 16-byte accesses need every pointer and every row start 16-byte aligned.
+  // 16-byte accesses need every pointer and every row start 16-byte aligned; the FP8 output
+  // is written vec bytes at a time.
   const bool can_vectorize =
       p.cols % vec == 0 && p.x_row_stride % vec == 0 && p.out_row_stride % vec == 0 &&
+      p.out_fp8_row_stride % vec == 0 && reinterpret_cast<uintptr_t>(p.out_fp8) % vec == 0 &&
       aligned16(p.x) && aligned16(p.out) && aligned16(p.weight) && aligned16(p.bias) &&
       aligned16(p.residual) && aligned16(p.residual_out) && p.residual_row_stride % vec == 0 &&
       p.residual_out_row_stride % vec == 0 && aligned_vectors(p.gate, vec) &&

@@ -9,6 +9,7 @@
 // rows through shared memory with cp.async ran slower than this at 27-32 registers.
 #include <climits>
 
+#include "core/fp8.cuh"
 #include "core/reduce.cuh"
 #include "core/row_vectors.cuh"
 #include "core/vec.cuh"
@@ -38,7 +39,7 @@ __device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row)
   r.residual_out =
       p.residual_out ? static_cast<T*>(p.residual_out) + row * p.residual_out_row_stride
                      : nullptr;
-  r.out = static_cast<T*>(p.out) + row * p.out_row_stride;
+  r.out = static_cast<T*>(p.out) + row * p.out_row_stride;  // null (stride 0) when only FP8 goes out
   return r;
 }
 
@@ -116,12 +117,15 @@ constexpr bool kPrefetchAffine = ITEMS <= (MOD ? 2 : 4) && V != Variant::kLayer;
 // row per TPR threads, kMaxCachedThreads / TPR rows per block. The block shape is a
 // template parameter so index math and reductions compile to constants (a third fewer
 // instructions than with blockDim, which shows at memory speed).
-template <typename T, int N, int ITEMS, Variant V, int TPR, bool MOD>
+// FP8: the row also (or only) goes out quantized; a template parameter, so the kernels
+// without it keep their registers.
+template <typename T, int N, int ITEMS, Variant V, int TPR, bool MOD, bool FP8>
 __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, MOD>))
     norm_cached_kernel(const NormParams p) {
   constexpr int kRowsPerBlock = kMaxCachedThreads / TPR;
-  // One scratch per reduction, so no barrier is needed before reusing it.
-  __shared__ float scratch[2][core::kMaxWarpsPerBlock];
+  // One scratch per reduction (mean, squares, FP8 row max), so no barrier is needed before
+  // reusing it.
+  __shared__ float scratch[3][core::kMaxWarpsPerBlock];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   const bool active = row < p.rows;
   const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
@@ -210,6 +214,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
     }
   }
   const float rstd = rsqrtf(core::row_sum<TPR>(sq, scratch[1]) * inv_cols + p.eps);
+  float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (!valid(i)) continue;
@@ -219,15 +224,26 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
       sc[i] = scale_at(i);
       sh[i] = shift_at(i);
     }
-    core::store(r.out + col(i),
-                normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], mean, rstd));
+    h[i] = normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], mean, rstd);
+    if (!FP8 || p.out) core::store(r.out + col(i), h[i]);
+    if (FP8) core::absmax_into(amax, core::widen(h[i]));
+  }
+  if constexpr (!FP8) return;
+  // The row, as rounded to T above, quantized with its max.
+  const core::Fp8Row fp8 = core::fp8_row(core::row_reduce<TPR>(amax, scratch[2], core::NanMax{}));
+  if (!active) return;
+  uint8_t* q = p.out_fp8 + row * p.out_fp8_row_stride;
+  if (threadIdx.x == 0) p.out_fp8_scale[row] = fp8.scale;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (valid(i)) core::store(q + col(i), core::to_e4m3(core::widen(h[i]), fp8.inv));
   }
 }
 
 // Row too long for registers: stream it, re-reading for each pass.
 template <typename T, int N>
 __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(const NormParams p) {
-  __shared__ float scratch[2][core::kMaxWarpsPerBlock];
+  __shared__ float scratch[3][core::kMaxWarpsPerBlock];
   const int64_t row = blockIdx.x;  // one row per block of kMaxStreamedThreads
   const bool active = row < p.rows;
   const int64_t nvec = active ? p.cols / N : 0;
@@ -274,27 +290,49 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     }
   }
   const float rstd = rsqrtf(core::row_sum<kMaxStreamedThreads>(sq, scratch[1]) * inv_cols + p.eps);
-  for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
+  const auto normalized = [&](int64_t v) {
     const Vec<T, N> w = weight ? core::load_cached<T, N>(weight + v * N) : Vec<T, N>{};
     const Vec<T, N> b = bias ? core::load_cached<T, N>(bias + v * N) : Vec<T, N>{};
     const Vec<T, N> sc = scale ? core::load_cached<T, N>(scale + v * N) : Vec<T, N>{};
     const Vec<T, N> sh = shift ? core::load_cached<T, N>(shift + v * N) : Vec<T, N>{};
     const Vec<T, N> h = core::load_stream<T, N>(h_src + v * N);
-    core::store(r.out + v * N, normalize<true, true>(p, h, w, b, sc, sh, mean, rstd));
+    return normalize<true, true>(p, h, w, b, sc, sh, mean, rstd);
+  };
+  float amax = 0.0f;
+  for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
+    const Vec<T, N> y = normalized(v);
+    if (p.out) core::store(r.out + v * N, y);
+    if (p.out_fp8) core::absmax_into(amax, core::widen(y));
   }
+  // FP8 output: the row max, then the row again, normalized anew (it is not kept).
+  if (p.out_fp8 == nullptr) return;
+  const core::Fp8Row fp8 =
+      core::fp8_row(core::row_reduce<kMaxStreamedThreads>(amax, scratch[2], core::NanMax{}));
+  if (!active) return;
+  uint8_t* q = p.out_fp8 + row * p.out_fp8_row_stride;
+  if (threadIdx.x == 0) p.out_fp8_scale[row] = fp8.scale;
+  for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
+    core::store(q + v * N, core::to_e4m3(core::widen(normalized(v)), fp8.inv));
+  }
+}
+
+template <typename T, int N, int ITEMS, int TPR, bool MOD, bool FP8>
+cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
+  const dim3 block(TPR, kMaxCachedThreads / TPR);
+  if (p.type == NormType::kLayer) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kLayer, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+  } else if (p.residual) {
+    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+  } else {
+    norm_cached_kernel<T, N, ITEMS, Variant::kRms, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 template <typename T, int N, int ITEMS, int TPR, bool MOD>
 cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
-  const dim3 block(TPR, kMaxCachedThreads / TPR);
-  if (p.type == NormType::kLayer) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kLayer, TPR, MOD><<<grid, block, 0, stream>>>(p);
-  } else if (p.residual) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms, TPR, MOD><<<grid, block, 0, stream>>>(p);
-  } else {
-    norm_cached_kernel<T, N, ITEMS, Variant::kRms, TPR, MOD><<<grid, block, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return p.out_fp8 ? launch_cached<T, N, ITEMS, TPR, MOD, true>(p, grid, stream)
+                   : launch_cached<T, N, ITEMS, TPR, MOD, false>(p, grid, stream);
 }
 
 template <typename T, int N, int ITEMS, int TPR>

@@ -4,9 +4,8 @@
 // the row each in registers: one read for the row max and the quantization; a longer row is
 // re-read for its remaining vectors (from L2). The divisions are IEEE (__fdiv_rn) and the
 // product unfused, so the bytes equal the CPU reference's.
-#include <cuda_fp8.h>
-
 #include "core/activation.cuh"
+#include "core/fp8.cuh"
 #include "core/reduce.cuh"
 #include "core/vec.cuh"
 #include "ltx_kernels/quantize.h"
@@ -49,16 +48,6 @@ struct Kept<QuantizeActivation::kGeluTanh, T, N> {
   __device__ __forceinline__ Floats<N> get() const { return f; }
 };
 
-template <int N>
-__device__ __forceinline__ Vec<uint8_t, N> to_e4m3(const Floats<N>& f, float inv) {
-  Vec<uint8_t, N> q;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    q.v[j] = __nv_cvt_float_to_fp8(__fmul_rn(f.v[j], inv), __NV_SATFINITE, __NV_E4M3);
-  }
-  return q;
-}
-
 template <typename T, int N, int TPR, QuantizeActivation ACT>
 __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizeParams p) {
   constexpr int kRowsPerBlock = kThreads / TPR;
@@ -72,30 +61,24 @@ __global__ void __launch_bounds__(kThreads) quantize_fp8_kernel(const QuantizePa
 
   Kept<ACT, T, N> cached[kItems];
   float amax = 0.0f;
-  const core::NanMax max_op;
-  const auto absmax = [&](const Floats<N>& f) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) amax = max_op(amax, fabsf(f.v[j]));
-  };
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     cached[i].set(valid(i) ? core::load_stream<T, N>(x + col(i)) : core::zeros<T, N>());
-    absmax(cached[i].get());
+    core::absmax_into(amax, cached[i].get());
   }
-  for (int64_t i = kItems; valid(i); ++i) absmax(values<ACT>(core::load_cached<T, N>(x + col(i))));
-  amax = core::row_reduce<TPR>(amax, scratch, max_op);
+  for (int64_t i = kItems; valid(i); ++i) core::absmax_into(amax, values<ACT>(core::load_cached<T, N>(x + col(i))));
+  amax = core::row_reduce<TPR>(amax, scratch, core::NanMax{});
   if (!active) return;
 
-  amax = max_op(amax, kMinAmax);
-  const float inv = __fdiv_rn(kFp8E4m3Max, amax);
-  if (threadIdx.x == 0) p.scale[row] = __fdiv_rn(amax, kFp8E4m3Max);
+  const core::Fp8Row fp8 = core::fp8_row(amax);
+  if (threadIdx.x == 0) p.scale[row] = fp8.scale;
   uint8_t* out = p.out + row * p.out_row_stride;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
-    if (valid(i)) core::store(out + col(i), to_e4m3(cached[i].get(), inv));
+    if (valid(i)) core::store(out + col(i), core::to_e4m3(cached[i].get(), fp8.inv));
   }
   for (int64_t i = kItems; valid(i); ++i) {
-    core::store(out + col(i), to_e4m3(values<ACT>(core::load_stream<T, N>(x + col(i))), inv));
+    core::store(out + col(i), core::to_e4m3(values<ACT>(core::load_stream<T, N>(x + col(i))), fp8.inv));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "ltx_kernels/norm.h"
 #include "reference/convert.h"
+#include "reference/fp8.h"
 
 namespace ltx_kernels {
 
@@ -14,7 +15,7 @@ void reference(const NormParams& p) {
   if (ValidationError error = validate(p)) throw std::invalid_argument(error);
   using host::load;
   using host::store;
-  std::vector<float> h(static_cast<size_t>(p.cols));
+  std::vector<float> h(static_cast<size_t>(p.cols)), out(static_cast<size_t>(p.cols));
   for (int64_t row = 0; row < p.rows; ++row) {
     // Offset of this row's vector in a RowVectors.
     const auto at = [&](const RowVectors& v) {
@@ -50,7 +51,11 @@ void reference(const NormParams& p) {
         y = y * (1.0 + load(p.scale.ptr, at(p.scale) + c, p.dtype)) +
             load(p.shift.ptr, at(p.shift) + c, p.dtype);
       }
-      store(p.out, row * p.out_row_stride + c, p.dtype, static_cast<float>(y));
+      out[c] = host::round_to(static_cast<float>(y), p.dtype);
+      if (p.out) store(p.out, row * p.out_row_stride + c, p.dtype, out[c]);
+    }
+    if (p.out_fp8) {
+      host::quantize_row(out.data(), p.cols, p.out_fp8 + row * p.out_fp8_row_stride, p.out_fp8_scale + row);
     }
   }
 }

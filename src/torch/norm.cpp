@@ -1,5 +1,6 @@
 // torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm, and the
-// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm.
+// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm, the last two also
+// with an FP8 output (*_fp8: the norm feeding an FP8 GEMM, quantized in the same pass).
 #include "torch/registration.h"
 
 #include "ltx_kernels/norm.h"
@@ -21,8 +22,9 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
   return {channel_vector(weight, "weight", x, "x"), channel_vector(bias, "bias", x, "x")};
 }
 
+// `out` may be null when the params get an FP8 output instead (set_fp8_out).
 NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
-                       const OptTensor& bias, double eps, double weight_offset, at::Tensor& out) {
+                       const OptTensor& bias, double eps, double weight_offset, at::Tensor* out) {
   NormParams p;
   p.type = type;
   p.dtype = to_dtype(x.tensor.scalar_type());
@@ -34,9 +36,27 @@ NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
   p.weight = data_or_null(weight);
   p.weight_offset = static_cast<float>(weight_offset);
   p.bias = data_or_null(bias);
-  p.out = out.mutable_data_ptr();
-  p.out_row_stride = x.cols;
+  p.out = out ? out->mutable_data_ptr() : nullptr;
+  p.out_row_stride = out ? x.cols : 0;
   return p;
+}
+
+// The FP8 form of a norm's output (quantize.h): e4m3 values of x's shape and one fp32 scale
+// per row, exactly quantize_fp8 of the dtype output (which is not written).
+struct Fp8Out {
+  at::Tensor q;
+  at::Tensor scale;
+};
+
+Fp8Out empty_fp8(const at::Tensor& x) {
+  return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
+          at::empty_symint(c10::SymIntArrayRef(x.sym_sizes().data(), x.dim() - 1), x.options().dtype(at::kFloat))};
+}
+
+void set_fp8_out(NormParams& p, Fp8Out& o) {
+  p.out_fp8 = static_cast<uint8_t*>(o.q.mutable_data_ptr());
+  p.out_fp8_row_stride = p.cols;
+  p.out_fp8_scale = o.scale.mutable_data_ptr<float>();
 }
 
 void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift) {
@@ -64,7 +84,7 @@ at::Tensor normalize(const char* op, NormType type, const at::Tensor& x, const O
   const Rows rows = as_rows(x);
   at::Tensor out = at::empty(x.sizes(), x.options());
   if (rows.rows == 0) return out;
-  NormParams p = make_params(type, rows, w, b, eps, weight_offset, out);
+  NormParams p = make_params(type, rows, w, b, eps, weight_offset, &out);
   at::Tensor keep[3];
   if (scale) set_modulation(p, x, *scale, *shift, keep);
   run(p, x, op);
@@ -87,6 +107,22 @@ at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at
                    &shift);
 }
 
+std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8(const at::Tensor& x, const at::Tensor& scale,
+                                                      const at::Tensor& shift, const OptTensor& weight, double eps) {
+  const char* op = "adaln_rms_norm_fp8";
+  const auto [w, b] = check_norm_args(op, x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, &scale, &shift);
+  const Rows rows = as_rows(x);
+  Fp8Out o = empty_fp8(x);
+  if (rows.rows == 0) return {o.q, o.scale};
+  NormParams p = make_params(NormType::kRms, rows, w, b, eps, 0.0, nullptr);
+  set_fp8_out(p, o);
+  at::Tensor keep[3];
+  set_modulation(p, x, scale, shift, keep);
+  run(p, x, op);
+  return {o.q, o.scale};
+}
+
 at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                             const OptTensor& weight, const OptTensor& bias, double eps) {
   return normalize("adaln_layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, &scale,
@@ -106,7 +142,7 @@ at::Tensor add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tens
   // copied to be read as rows is updated through that copy, then copied back.
   const bool in_place = residual_out.is_same(residual);
   at::Tensor res_out = in_place ? res.tensor : residual_out;
-  NormParams p = make_params(NormType::kRms, rows, w, b, eps, weight_offset, out);
+  NormParams p = make_params(NormType::kRms, rows, w, b, eps, weight_offset, &out);
   p.residual = res.tensor.const_data_ptr();
   p.residual_row_stride = res.row_stride;
   p.residual_out = res_out.mutable_data_ptr();
@@ -133,11 +169,12 @@ at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const 
                            weight_offset);
 }
 
-// x_new = x + y * gate; normed = rms_norm(x_new) * (1 + scale) + shift.
-std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
-    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
-    const at::Tensor& shift, const OptTensor& weight, double eps) {
-  const char* op = "gated_residual_adaln_rms_norm";
+// x_new = x + y * gate; normed = rms_norm(x_new) * (1 + scale) + shift, written as dtype to
+// `normed` or, with `fp8`, quantized to it.
+void gated_residual_adaln_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& y,
+                                        const OptTensor& gate, const at::Tensor& scale, const at::Tensor& shift,
+                                        const OptTensor& weight, double eps, at::Tensor& x_new, at::Tensor* normed,
+                                        Fp8Out* fp8) {
   const auto [w, b] = check_norm_args(op, x, nullptr, weight, std::nullopt, eps);
   check_activation(y, "y");
   check_like(y, "y", x, "x");
@@ -145,11 +182,10 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
   check_modulation(x, &scale, &shift);
   const Rows x_rows = as_rows(x);
   const Rows y_rows = as_rows(y);
-  at::Tensor x_new = at::empty(x.sizes(), x.options());
-  at::Tensor normed = at::empty(x.sizes(), x.options());
-  if (x_rows.rows == 0) return {x_new, normed};
+  if (x_rows.rows == 0) return;
   // In NormParams terms the branch output y is the input and x the residual stream.
   NormParams p = make_params(NormType::kRms, y_rows, w, b, eps, 0.0, normed);
+  if (fp8) set_fp8_out(p, *fp8);
   p.residual = x_rows.tensor.const_data_ptr();
   p.residual_row_stride = x_rows.row_stride;
   p.residual_out = x_new.mutable_data_ptr();
@@ -158,7 +194,26 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
   set_modulation(p, x, scale, shift, keep);
   if (gate) p.gate = row_vectors(*gate, x, keep[2]);
   run(p, x, op);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  at::Tensor x_new = at::empty(x.sizes(), x.options());
+  at::Tensor normed = at::empty(x.sizes(), x.options());
+  gated_residual_adaln_rms_norm_into("gated_residual_adaln_rms_norm", x, y, gate, scale, shift, weight, eps, x_new,
+                                     &normed, nullptr);
   return {x_new, normed};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_fp8(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  at::Tensor x_new = at::empty(x.sizes(), x.options());
+  Fp8Out o = empty_fp8(x);
+  gated_residual_adaln_rms_norm_into("gated_residual_adaln_rms_norm_fp8", x, y, gate, scale, shift, weight, eps,
+                                     x_new, nullptr, &o);
+  return {x_new, o.q, o.scale};
 }
 
 // Meta (fake) implementations: same checks, outputs of the right shape, no data.
@@ -186,6 +241,14 @@ at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
   return normalize_meta("adaln_rms_norm", x, weight, std::nullopt, eps, &scale, &shift);
 }
 
+std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8_meta(const at::Tensor& x, const at::Tensor& scale,
+                                                           const at::Tensor& shift, const OptTensor& weight,
+                                                           double eps) {
+  normalize_meta("adaln_rms_norm_fp8", x, weight, std::nullopt, eps, &scale, &shift);
+  Fp8Out o = empty_fp8(x);
+  return {o.q, o.scale};
+}
+
 at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
                                  const at::Tensor& shift, const OptTensor& weight,
                                  const OptTensor& bias, double eps) {
@@ -206,15 +269,29 @@ at::Tensor fused_add_rms_norm__meta(const at::Tensor& x, at::Tensor& residual,
   return empty_like_x(x);
 }
 
-std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_meta(
-    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
-    const at::Tensor& shift, const OptTensor& weight, double eps) {
-  check_norm_args("gated_residual_adaln_rms_norm", x, nullptr, weight, std::nullopt, eps);
+void check_gated_residual_adaln(const char* op, const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
+                                const at::Tensor& scale, const at::Tensor& shift, const OptTensor& weight,
+                                double eps) {
+  check_norm_args(op, x, nullptr, weight, std::nullopt, eps);
   check_activation(y, "y");
   check_like(y, "y", x, "x");
   if (gate) check_row_vectors(*gate, "gate", x);
   check_modulation(x, &scale, &shift);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_meta(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  check_gated_residual_adaln("gated_residual_adaln_rms_norm", x, y, gate, scale, shift, weight, eps);
   return {empty_like_x(x), empty_like_x(x)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_fp8_meta(
+    const at::Tensor& x, const at::Tensor& y, const OptTensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const OptTensor& weight, double eps) {
+  check_gated_residual_adaln("gated_residual_adaln_rms_norm_fp8", x, y, gate, scale, shift, weight, eps);
+  Fp8Out o = empty_fp8(x);
+  return {empty_like_x(x), o.q, o.scale};
 }
 
 // CPU and CUDA share the implementations: `run` picks the reference or the launcher.
@@ -226,6 +303,8 @@ void register_impls(torch::Library& m) {
   m.impl("adaln_rms_norm", &adaln_rms_norm);
   m.impl("adaln_layer_norm", &adaln_layer_norm);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
+  m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8);
+  m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8);
 }
 
 }  // namespace
@@ -244,6 +323,8 @@ LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("adaln_rms_norm", &adaln_rms_norm_meta);
   m.impl("adaln_layer_norm", &adaln_layer_norm_meta);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm_meta);
+  m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8_meta);
+  m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -121,6 +121,40 @@ TEST(NormReference, GatedResidualAndModulationPerBatch) {
   EXPECT_NEAR(out[3], 12.0, 1e-6);
 }
 
+TEST(NormReference, Fp8OutputQuantizesTheRoundedRow) {
+  // rms of [3, 4] is sqrt(12.5): normalized [0.8485, 1.1314], then * (1 + 1) + 0.
+  // amax 2.2627 -> scale amax / 448; the row's max maps to 448 exactly, the other to
+  // 448 * 3 / 4 = 336 (an e4m3 value).
+  const std::vector<float> x = {3, 4}, scale = {1, 1}, shift = {0, 0};
+  std::vector<float> out(2);
+  std::vector<uint8_t> q(2);
+  float q_scale = 0;
+  NormParams p = rows_params(NormType::kRms, x, out, 1, 2);
+  p.eps = 0.0f;
+  p.scale = {scale.data(), 0, 0};
+  p.shift = {shift.data(), 0, 0};
+  p.out_fp8 = q.data();
+  p.out_fp8_row_stride = 2;
+  p.out_fp8_scale = &q_scale;
+  reference(p);
+  const float amax = static_cast<float>(2.0 * 4.0 / std::sqrt(12.5));
+  EXPECT_NEAR(out[1], amax, 1e-6);
+  EXPECT_EQ(q_scale, out[1] / 448.0f);
+  EXPECT_EQ(q[1], host::float_to_e4m3(448.0f));
+  EXPECT_EQ(q[0], host::float_to_e4m3(out[0] * (448.0f / out[1])));
+  EXPECT_EQ(q[0], host::float_to_e4m3(336.0f));
+  // Without the dtype output: the same bytes and scale.
+  std::vector<uint8_t> q_alone(2);
+  float scale_alone = 0;
+  p.out = nullptr;
+  p.out_row_stride = 0;
+  p.out_fp8 = q_alone.data();
+  p.out_fp8_scale = &scale_alone;
+  reference(p);
+  EXPECT_EQ(q_alone, q);
+  EXPECT_EQ(scale_alone, q_scale);
+}
+
 TEST(Convert, Bf16RoundsToNearestEven) {
   EXPECT_EQ(host::float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(host::float_to_bf16(1.00390625f), 0x3f80);  // halfway, even stays
@@ -160,6 +194,18 @@ TEST(NormValidate, RejectsBadParams) {
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
   bad.tokens = 3;  // 2 rows are not a multiple of 3
+  EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.out_fp8 = reinterpret_cast<uint8_t*>(out.data());  // without out_fp8_scale
+  bad.out_fp8_row_stride = 4;
+  EXPECT_NE(validate(bad), nullptr);
+  bad.out_fp8_scale = out.data();
+  EXPECT_EQ(validate(bad), nullptr);
+  bad.out = nullptr;  // the FP8 output alone: out_row_stride must say so
+  EXPECT_NE(validate(bad), nullptr);
+  bad.out_row_stride = 0;
+  EXPECT_EQ(validate(bad), nullptr);
+  bad.out_fp8_row_stride = 3;
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
   bad.x = nullptr;

@@ -3,12 +3,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "ltx_kernels/norm.h"
 #include "reference/convert.h"
+#include "reference/fp8.h"
 
 namespace ltx_kernels {
 namespace {
@@ -88,6 +90,41 @@ void check_case(const Case& c) {
   }
   EXPECT_LE(std::sqrt(diff / norm), tol) << "rows " << c.rows << " cols " << c.cols;
   if (c.residual) EXPECT_EQ(gpu_res, res_out) << "new residual differs from x + residual";
+
+  // The FP8 output: exactly quantize_fp8 of the GPU's own dtype output (the same launch,
+  // once with both outputs, once with the FP8 one alone), bytes and scales.
+  std::vector<uint8_t> q_host[2], s_host[2];
+  for (const bool with_out : {true, false}) {
+    DeviceBuffer dq(std::vector<uint8_t>(out_count, 0xff)), ds(std::vector<uint8_t>(c.rows * sizeof(float), 0xff));
+    p.x = dx.ptr;
+    p.out = with_out ? dout.ptr : nullptr;
+    p.out_row_stride = with_out ? c.cols : 0;
+    if (c.residual) p.residual = dres.ptr, p.residual_out = dres_out.ptr;
+    if (c.weight) p.weight = dw.ptr;
+    if (c.bias) p.bias = db.ptr;
+    set_mod(dmod.ptr);
+    p.out_fp8 = static_cast<uint8_t*>(dq.ptr);
+    p.out_fp8_row_stride = c.cols;
+    p.out_fp8_scale = static_cast<float*>(ds.ptr);
+    ASSERT_EQ(launch(p, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    q_host[with_out] = dq.to_host();
+    s_host[with_out] = ds.to_host();
+  }
+  EXPECT_EQ(dout.to_host(), gpu_out) << "the dtype output changed with an FP8 output beside it";
+  EXPECT_EQ(q_host[0], q_host[1]);
+  EXPECT_EQ(s_host[0], s_host[1]);
+  std::vector<float> row(c.cols);
+  std::vector<uint8_t> want(c.cols);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < c.cols; ++i) row[i] = host::load(gpu_out.data(), r * c.cols + i, c.dtype);
+    float scale = 0, got_scale = 0;
+    host::quantize_row(row.data(), c.cols, want.data(), &scale);
+    std::memcpy(&got_scale, s_host[1].data() + r * sizeof(float), sizeof(float));
+    ASSERT_EQ(std::vector<uint8_t>(q_host[1].begin() + r * c.cols, q_host[1].begin() + (r + 1) * c.cols), want)
+        << "row " << r << " of " << c.rows << " x " << c.cols;
+    ASSERT_EQ(got_scale, scale) << "row " << r;
+  }
 }
 
 TEST(NormCuda, MatchesReference) {
