@@ -10,12 +10,13 @@ one-way: the bf16 weights are gone, so the model cannot be restored (reload it i
 from __future__ import annotations
 
 import fnmatch
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from . import ops
-from ._patching import call_fused, is_patched, patch
+from ._patching import call_fused, is_patched, patch, runs_unhooked
 
 # Linears that stay bf16 by default: the model's input and output projections and the
 # embeddings (timestep, caption) and AdaLN tables, outside the transformer blocks, where the
@@ -119,10 +120,33 @@ def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: tor
             for m in linears]
 
 
-def linears(x: torch.Tensor, modules: tuple[nn.Module, ...]) -> list[torch.Tensor]:
+class Quantized(NamedTuple):
+    """An activation its producer wrote in FP8 (a norm with an FP8 output): what
+    :func:`linears` and the fused feed-forward take in place of the dtype tensor, for modules
+    that :func:`take_quantized`."""
+
+    q: torch.Tensor  # float8_e4m3fn, the activation's shape
+    scale: torch.Tensor  # fp32, one per row
+    dtype: torch.dtype  # of the activation, and of the linears' outputs
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
+def take_quantized(modules) -> bool:
+    """Whether every module is an FP8 linear of ours that runs unhooked: then its input may
+    come quantized by its producer (a hook or an adapter must see the dtype input)."""
+    return all(is_quantized(m) and runs_unhooked(m) for m in modules)
+
+
+def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list[torch.Tensor]:
     """``[m(x) for m in modules]``; when every module is an FP8 linear of ours without hooks,
-    ``x`` is quantized once for all of them (attention's q/k/v read the same input). A peft
-    adapter added around one of our FP8 linears raises (:func:`check_adapters`)."""
+    ``x`` is quantized once for all of them (attention's q/k/v read the same input), or comes
+    quantized (:class:`Quantized`, for modules that :func:`take_quantized`). A peft adapter
+    added around one of our FP8 linears raises (:func:`check_adapters`)."""
+    if isinstance(x, Quantized):
+        return _quantized_matmuls(x.q, x.scale, modules, x.dtype)
 
     def unfused():
         return [m(x) for m in modules]
@@ -133,24 +157,42 @@ def linears(x: torch.Tensor, modules: tuple[nn.Module, ...]) -> list[torch.Tenso
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(x), modules, x.dtype), unfused)
 
 
+def _has_dropout(ff: nn.Module) -> bool:
+    return ff.training and any(m.p > 0 for m in ff.net if isinstance(m, nn.Dropout))
+
+
+def _gelu_down(ff: nn.Module, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The FF's down projection of GELU(up): the GELU applied inside ``quantize_fp8``, so the
+    activation is read once instead of written, read and rewritten."""
+    q, scale = ops.quantize_fp8(up, activation="gelu_tanh")
+    return _quantized_matmuls(q, scale, (ff.net[2],), dtype)[0]
+
+
 def _feed_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """diffusers' GELU-tanh ``FeedForward`` with both linears in FP8: the up projection's
-    output is quantized for the down projection with the GELU applied inside
-    ``quantize_fp8``, so the activation is read once instead of written, read and rewritten."""
+    """diffusers' GELU-tanh ``FeedForward`` with both linears in FP8 (:func:`_gelu_down`)."""
     gelu, down = self.net[0], self.net[2]
 
     def unfused():
         return type(self).forward(self, hidden_states, *args, **kwargs)
 
-    def fused():
-        up = gelu.proj(hidden_states)
-        q, scale = ops.quantize_fp8(up, activation="gelu_tanh")
-        return _quantized_matmuls(q, scale, (down,), hidden_states.dtype)[0]
-
     check_adapters((gelu.proj, down))
-    if self.training and any(m.p > 0 for m in self.net if isinstance(m, nn.Dropout)):
+    if _has_dropout(self):
         return unfused()
-    return call_fused((gelu, gelu.proj, down), fused, unfused)
+    return call_fused((gelu, gelu.proj, down), lambda: _gelu_down(self, gelu.proj(hidden_states), hidden_states.dtype),
+                      unfused)
+
+
+def feed_forward_takes_quantized(ff: nn.Module) -> bool:
+    """Whether ``ff`` is a feed-forward we fused in FP8, running unhooked, whose input may
+    come quantized by its producer (:func:`feed_forward_quantized`)."""
+    return (_fusable_feed_forward(ff) and runs_unhooked(ff) and not _has_dropout(ff) and runs_unhooked(ff.net[0])
+            and take_quantized((ff.net[0].proj, ff.net[2])))
+
+
+def feed_forward_quantized(ff: nn.Module, x: Quantized) -> torch.Tensor:
+    """``ff(x)`` for a feed-forward that :func:`feed_forward_takes_quantized`."""
+    (up,) = linears(x, (ff.net[0].proj,))
+    return _gelu_down(ff, up, x.dtype)
 
 
 def _fusable_feed_forward(module: nn.Module) -> bool:

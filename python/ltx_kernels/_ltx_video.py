@@ -184,30 +184,64 @@ def _block_forward(
     )
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
 
-    norm_hidden_states = call_fused(
-        (self.norm1,),
-        lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
-        lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
-    )
+    dtype = hidden_states.dtype
+    # Under FP8, a norm whose consumers are all our FP8 linears writes its output quantized
+    # (the q/k/v projections of attn1, the FF's up projection): one pass, no dtype copy.
+    if _attn_takes_quantized(self.attn1):
+        norm_hidden_states = call_fused(
+            (self.norm1,),
+            lambda: _fp8.Quantized(*ops.adaln_rms_norm_fp8(
+                hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps), dtype),
+            lambda: _fp8.Quantized(*ops.quantize_fp8(self.norm1(hidden_states) * (1 + scale_msa) + shift_msa), dtype),
+        )
+    else:
+        norm_hidden_states = call_fused(
+            (self.norm1,),
+            lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
+            lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
+        )
     attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
 
     attn_hidden_states = _attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
     residual = hidden_states
-    hidden_states, norm_hidden_states = call_fused(
-        (self.norm2,),
-        lambda: ops.gated_residual_adaln_rms_norm(
-            residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
-        ),
-        lambda: _residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
-    )
-    ff_output = self.ff(norm_hidden_states)
+    if _fp8.feed_forward_takes_quantized(self.ff):
+        hidden_states, *quantized = call_fused(
+            (self.norm2,),
+            lambda: ops.gated_residual_adaln_rms_norm_fp8(
+                residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
+            ),
+            lambda: _quantized_residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
+        )
+        ff_output = _fp8.feed_forward_quantized(self.ff, _fp8.Quantized(*quantized, dtype))
+    else:
+        hidden_states, norm_hidden_states = call_fused(
+            (self.norm2,),
+            lambda: ops.gated_residual_adaln_rms_norm(
+                residual, attn_hidden_states, None, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps
+            ),
+            lambda: _residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
+        )
+        ff_output = self.ff(norm_hidden_states)
     return ops.gated_residual(hidden_states, ff_output, gate_mlp)
+
+
+def _attn_takes_quantized(attn: nn.Module) -> bool:
+    """Whether ``attn`` (self-attention) may get its input quantized: called as our processor
+    directly (:func:`_attend`), its q/k/v projections our FP8 linears, unhooked."""
+    return (isinstance(attn.processor, LtxKernelsAttnProcessor) and "forward" not in attn.__dict__
+            and not attn._forward_hooks and not attn._forward_pre_hooks
+            and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
     """What ``gated_residual_adaln_rms_norm`` fuses, with the norm called as a module."""
     return hidden_states, norm(hidden_states) * (1 + scale) + shift
+
+
+def _quantized_residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
+    """What ``gated_residual_adaln_rms_norm_fp8`` fuses, with the norm called as a module."""
+    return hidden_states, *ops.quantize_fp8(norm(hidden_states) * (1 + scale) + shift)
 
 
 def _model_forward(

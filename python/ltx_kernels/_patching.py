@@ -172,6 +172,14 @@ def unpatch(module: nn.Module) -> bool:
     return True
 
 
+def runs_unhooked(module: nn.Module) -> bool:
+    """Whether calling ``module`` would run its class's forward or our patch of it and nothing
+    else: no forward set on the instance, no torch hooks, no library's tensor subclass."""
+    forward = module.__dict__.get("forward")
+    return ((forward is None or _is_our_forward(module, forward))
+            and not module._forward_hooks and not module._forward_pre_hooks and not is_library_owned(module))
+
+
 def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfused: Callable[[], object]):
     """``fused()``, a kernel that reads ``modules``' parameters in place of calling them
     (e.g. ``norm_q.weight``), run between the modules' hooks; or ``unfused()``, which calls
@@ -190,11 +198,7 @@ def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfu
     and parameter types (what torch.compile traces); that holds for a module that is itself
     patched (its forward ours, with no hook around it: an FP8 linear, a transformers norm).
     """
-    if all(
-        ("forward" not in m.__dict__ or _is_our_forward(m, m.__dict__["forward"]))
-        and not m._forward_hooks and not m._forward_pre_hooks and not is_library_owned(m)
-        for m in modules
-    ):
+    if all(runs_unhooked(m) for m in modules):
         return fused()
     runs = []
     for m in modules:

@@ -59,8 +59,9 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
 
 
 def test_fp8_quantizes_each_activation_once(monkeypatch):
-    """Per block: attn1's q/k/v share one quantization, attn2's k/v one, the FF's GELU is
-    fused into the down projection's: 7 quantize_fp8 calls, not 10."""
+    """Per block: attn1's q/k/v share one quantization, written by norm1 itself; attn2's k/v
+    share one; the FF's input is written quantized by norm2 and its GELU is fused into the
+    down projection's: 7 quantizations, 5 of them standalone quantize_fp8 passes, not 10."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
     calls = count_quantizations(monkeypatch)
@@ -68,6 +69,7 @@ def test_fp8_quantizes_each_activation_once(monkeypatch):
         model(**step_kwargs(model, "interpolation_scale", per_token=False))
     blocks = len(model.transformer_blocks)
     assert len(calls) == 7 * blocks and calls.count("gelu_tanh") == blocks
+    assert calls.count("adaln_rms_norm_fp8") == calls.count("gated_residual_adaln_rms_norm_fp8") == blocks
 
 
 def test_fp8_with_a_forward_hook_on_the_ff_runs_it_unfused():
@@ -80,6 +82,22 @@ def test_fp8_with_a_forward_hook_on_the_ff_runs_it_unfused():
         model.transformer_blocks[0].ff.net[2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
         hooked = model(**kw)[0]
     assert seen and rel_err(hooked, fused) < 1e-2  # the unfused path rounds the GELU output once more
+
+
+@pytest.mark.parametrize("target", ["norm1", "norm2", "attn1", "attn1.to_q", "attn1.to_v", "ff", "ff.net.0.proj"])
+def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
+    """norm1 and norm2 write their outputs quantized only while every consumer is one of our
+    FP8 linears, unhooked: a hook on the norm, the attention, a projection or the FF sees its
+    call (the norm's output then goes out in the dtype, or quantized by a separate pass)."""
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8")
+    kw = step_kwargs(model, "interpolation_scale", per_token=False)
+    with torch.no_grad():
+        fused = model(**kw)[0]
+        seen = []
+        model.transformer_blocks[0].get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+        hooked = model(**kw)[0]
+    assert seen and rel_err(hooked, fused) < 1e-2  # an unfused path may round once more
 
 
 def test_fp8_skip_keeps_matching_linears():

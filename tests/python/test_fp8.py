@@ -34,11 +34,18 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def count_quantizations(monkeypatch) -> list[str]:
     """Records, through the integrations' ops module, each quantization of an activation: an
-    explicit quantize_fp8 (its activation) or one inside fp8_linear for a float input."""
+    explicit quantize_fp8 (its activation), one inside fp8_linear for a float input, or a
+    norm's FP8 output (the norm op's name)."""
     from ltx_kernels import _fp8
 
     calls = []
     quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
+    for name in ("adaln_rms_norm_fp8", "gated_residual_adaln_rms_norm_fp8"):
+        def producer(*args, _op=getattr(_fp8.ops, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(_fp8.ops, name, producer)
 
     def counting_quantize(x, activation="none"):
         calls.append(activation)
