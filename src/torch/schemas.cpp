@@ -106,10 +106,18 @@ LTX_KERNELS_LIBRARY(m) {
                     "apply_rotary_pos_emb_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
                     " Tensor cos, Tensor sin, bool interleaved=False, int unsqueeze_dim=1, int[]? sections=None)"
                     " -> (Tensor grad_q, Tensor grad_k, Tensor grad_cos, Tensor grad_sin)");
-  def("ltx_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
-  def("ltx_rope_angles(Tensor x, int[3] grid, float[3] axis_scale, Tensor? video_coords=None,"
-      " float theta=10000.0) -> Tensor");
-  def("ltx_qk_norm_rope(Tensor q, Tensor k, Tensor? weight_q, Tensor? weight_k, float eps,"
-      " int[3] grid, float[3] axis_scale, Tensor? video_coords=None, float theta=10000.0)"
-      " -> (Tensor q_out, Tensor k_out)");
+  def_with_backward("ltx_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
+                    "ltx_rope_backward(Tensor grad_out, Tensor x, Tensor cos, Tensor sin)"
+                    " -> (Tensor grad_x, Tensor grad_cos, Tensor grad_sin)");
+  def_with_backward("ltx_rope_angles(Tensor x, int[3] grid, float[3] axis_scale, Tensor? video_coords=None,"
+                    " float theta=10000.0) -> Tensor",
+                    "ltx_rope_angles_backward(Tensor grad_out, Tensor x, int[3] grid, float[3] axis_scale,"
+                    " Tensor? video_coords=None, float theta=10000.0) -> (Tensor grad_x, Tensor grad_video_coords)");
+  def_with_backward("ltx_qk_norm_rope(Tensor q, Tensor k, Tensor? weight_q, Tensor? weight_k, float eps,"
+                    " int[3] grid, float[3] axis_scale, Tensor? video_coords=None, float theta=10000.0)"
+                    " -> (Tensor q_out, Tensor k_out)",
+                    "ltx_qk_norm_rope_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
+                    " Tensor? weight_q, Tensor? weight_k, float eps, int[3] grid, float[3] axis_scale,"
+                    " Tensor? video_coords=None, float theta=10000.0) -> (Tensor grad_q, Tensor grad_k,"
+                    " Tensor grad_weight_q, Tensor grad_weight_k, Tensor grad_video_coords)");
 }

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICES, DTYPES, assert_close
+from conftest import DEVICES, DTYPES, assert_close, rel_err
 from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
-from test_rope import llm_rope_formula
+from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula, rotate_interleaved
 
 ops = torch.ops.ltx_kernels
 SIZES = [1, 7, 64, 130]
@@ -46,7 +46,9 @@ def check_grads(ours, formula, leaves, views, dtype, scale=None):
     copies = [None if t is None else t.detach().double().requires_grad_() for t in leaves]
     refs = formula(*copies)
     refs = refs if isinstance(refs, tuple) else (refs,)
-    ref_grads = torch.autograd.grad(refs, [c for c in copies if c is not None], [c.double() for c in cots])
+    # (a formula may compute on the CPU: its cotangents go where its outputs are)
+    ref_grads = torch.autograd.grad(refs, [c for c in copies if c is not None],
+                                    [c.double().to(r.device) for c, r in zip(cots, refs)])
     scale = scale or (10.0 if dtype == torch.float32 else 2.0)  # fp32: within 1e-4 relative
     for g, r, t in zip(grads, ref_grads, present):
         assert g.dtype == t.dtype and g.shape == t.shape
@@ -260,6 +262,76 @@ def test_apply_rotary_pos_emb(device, dtype, bhsd, rotary, table):
     check_grads(ours, formula, [q, k, cos, sin], [qv, kv, cos, sin], dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [8, 14, 64])
+@pytest.mark.parametrize("table", ["per_batch", "shared", "fp32"])
+def test_ltx_rope(device, dtype, d, table):
+    """diffusers' LTX tables: interleaved pairs over every channel, tables [B or 1, S, D] in
+    x's dtype or fp32 with gradients of their own."""
+    b, s = 2, 5
+    x, xv = leaf((b, s, d), dtype, device, strided=True)
+    table_dtype = torch.float32 if table == "fp32" else dtype
+    cos, sin = (leaf((1 if table == "shared" else b, s, d), table_dtype, device)[0] for _ in range(2))
+    check_grads(ops.ltx_rope, lambda x, cos, sin: x * cos + rotate_interleaved(x) * sin,
+                [x, cos, sin], [xv, cos, sin], dtype)
+
+
+def ltx_positions_for_grad(kind, b, grid, device):
+    """(video_coords leaf or None, axis_scale): the grid alone, or per-sample coordinates that
+    require grad (positions a model computes; their gradient flows through the angles)."""
+    if kind == "grid":
+        return None, (1.0, 0.5, 0.25)
+    f, h, w = grid
+    coords = (torch.rand(b, 3, f * h * w, device=device) * torch.tensor([4.0, 6.0, 8.0], device=device)[None, :, None])
+    return coords.requires_grad_(), (0.05, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [12, 14, 64])
+@pytest.mark.parametrize("positions", ["grid", "coords"])
+def test_ltx_rope_angles(device, dtype, d, positions):
+    """Angles in the kernel: D % 6 channels pass through, pairs turn by the position's angle;
+    gradients of x and of video_coords (through the angles)."""
+    b, grid = 2, (2, 2, 3)
+    x, xv = leaf((b, 12, d), dtype, device, strided=True)
+    coords, axis_scale = ltx_positions_for_grad(positions, b, grid, device)
+
+    def ours(x, coords):
+        return ops.ltx_rope_angles(x, grid, axis_scale, coords, 100.0)
+
+    def formula(x, coords):
+        cos, sin = ltx_tables_fp64(b, 12, d, grid, axis_scale, coords, 100.0)
+        return ltx_rope_formula(x, cos, sin)
+
+    check_grads(ours, formula, [x, coords], [xv, coords], dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [12, 64])
+@pytest.mark.parametrize("weights", [False, True])
+@pytest.mark.parametrize("positions", ["grid", "coords"])
+def test_ltx_qk_norm_rope(device, dtype, d, weights, positions):
+    """LTX's norm_q / norm_k (an RMS norm over all heads) and the RoPE in one op: gradients of
+    q, k, both norm weights and the positions."""
+    b, grid = 2, (2, 2, 3)
+    q, qv = leaf((b, 12, d), dtype, device, strided=True)
+    k, kv = leaf((b, 12, d), dtype, device)
+    wq, wk = (leaf((d,), dtype, device)[0] if weights else None for _ in range(2))
+    coords, axis_scale = ltx_positions_for_grad(positions, b, grid, device)
+
+    def ours(q, k, wq, wk, coords):
+        return ops.ltx_qk_norm_rope(q, k, wq, wk, 1e-6, grid, axis_scale, coords, 100.0)
+
+    def formula(q, k, wq, wk, coords):
+        cos, sin = ltx_tables_fp64(b, 12, d, grid, axis_scale, coords, 100.0)
+        return tuple(ltx_rope_formula(rms_formula(t, w, 1e-6), cos, sin) for t, w in ((q, wq), (k, wk)))
+
+    check_grads(ours, formula, [q, k, wq, wk, coords], [qv, kv, wq, wk, coords], dtype)
+
+
 def test_gradcheck_fp32():
     """Finite differences in fp32 (the ops take no fp64): eps 1e-2 on inputs ~1, so the
     forward's fp32 rounding (~1e-7) adds ~1e-5 to each difference quotient."""
@@ -308,6 +380,12 @@ OPCHECK = [
                                   torch.randn(8, requires_grad=True))),
     ("apply_rotary_pos_emb", lambda: (torch.randn(2, 4, 3, 8, requires_grad=True), torch.randn(2, 2, 3, 8),
                                       torch.randn(2, 3, 8), torch.randn(2, 3, 8), False, 1, None)),
+    ("ltx_rope", lambda: (torch.randn(2, 3, 8, requires_grad=True), torch.randn(1, 3, 8), torch.randn(1, 3, 8))),
+    ("ltx_rope_angles", lambda: (torch.randn(2, 6, 14, requires_grad=True), [1, 2, 3], [1.0, 1.0, 1.0],
+                                 torch.rand(2, 3, 6, requires_grad=True), 100.0)),
+    ("ltx_qk_norm_rope", lambda: (torch.randn(2, 6, 12, requires_grad=True), torch.randn(2, 6, 12),
+                                  torch.randn(12, requires_grad=True), None, 1e-6, [1, 2, 3], [1.0, 1.0, 1.0],
+                                  None, 100.0)),
 ]
 
 
@@ -354,3 +432,29 @@ def test_patched_llama_trains_like_stock():
     for (name, p), q in zip(stock.named_parameters(), patched.parameters()):
         assert q.grad is not None, name
         assert_close(q.grad, p.grad, torch.float32, scale=10.0)
+
+
+@pytest.mark.parametrize("positions", ["interpolation_scale", "video_coords"])
+def test_patched_ltx_video_trains_like_stock(positions):
+    """A tiny LTX-Video transformer injected in train mode (norms with AdaLN, gated residuals,
+    the fused QK-norm + in-kernel RoPE, GELU): every parameter's gradient matches the stock
+    model's, and the report says every patched module has a backward."""
+    pytest.importorskip("diffusers")
+    import copy
+
+    import ltx_kernels.diffusers
+    from test_diffusers_ltx import step_kwargs, tiny_model
+
+    stock = tiny_model("cpu", head_dim=12, affine=True).train().requires_grad_(True)
+    patched = copy.deepcopy(stock)
+    report = ltx_kernels.diffusers.inject(patched)
+    assert any("every patched module has a backward" in n for n in report.notes), report.notes
+    kw = step_kwargs(stock, positions, per_token=False)
+    stock(**kw)[0].square().mean().backward()
+    patched(**kw)[0].square().mean().backward()
+    # Per parameter, relative L2: stock's RoPE tables take angles of up to 1e4 rad in fp32
+    # (~1e-3 rad off), ours reduce them in fp64, so the attention path differs by ~1e-4
+    # (each op's gradient is held to the fp64 formula above).
+    for (name, p), q in zip(stock.named_parameters(), patched.parameters()):
+        assert q.grad is not None, name
+        assert rel_err(q.grad, p.grad) < 1e-3, name
