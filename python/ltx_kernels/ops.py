@@ -214,6 +214,27 @@ def quantize_fp8(x: torch.Tensor, activation: str = "none") -> tuple[torch.Tenso
     return _ops.quantize_fp8(x, _choice("quantize_fp8", "activation", activation, ("none", "gelu_tanh")))
 
 
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm` for an FP8 GEMM's input: returns ``(q, q_scale)``, exactly
+    ``quantize_fp8(rms_norm(x, weight, eps, weight_offset))`` in one pass, without writing the
+    dtype output. Forward-only."""
+    return _ops.rms_norm_fp8(x, weight, _eps("rms_norm_fp8", eps), _real("rms_norm_fp8", "weight_offset", weight_offset))
+
+
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`fused_add_rms_norm` for an FP8 GEMM's input: returns ``(q, q_scale,
+    new_residual)``, ``new_residual = x + residual`` as there and ``(q, q_scale)`` exactly
+    ``quantize_fp8`` of its norm, in one pass. Forward-only."""
+    return _ops.fused_add_rms_norm_fp8(
+        x, residual, weight, _eps("fused_add_rms_norm_fp8", eps),
+        _real("fused_add_rms_norm_fp8", "weight_offset", weight_offset))
+
+
 def adaln_rms_norm_fp8(
     x: torch.Tensor,
     scale: torch.Tensor,

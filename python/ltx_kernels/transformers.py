@@ -40,7 +40,7 @@ from torch import nn
 
 from ltx_kernels import _fp8, ops
 from ltx_kernels.layers import eps_of
-from ltx_kernels._patching import Report, call_fused, is_patched, patch, unpatch_all, unsupported_reason
+from ltx_kernels._patching import Report, call_fused, is_patched, patch, runs_unhooked, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -101,7 +101,20 @@ def _decoder_layer_forward(
     **kwargs,
 ) -> torch.Tensor:
     residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
+    dtype = hidden_states.dtype
+    # Under FP8, a norm whose consumers are all our FP8 linears (q/k/v; gate/up) writes its
+    # output quantized: one pass, no dtype copy.
+    norm = self.input_layernorm
+    if _takes_quantized(self.self_attn, ("q_proj", "k_proj", "v_proj")) and norm.weight.dtype == dtype:
+        x = hidden_states
+        hidden_states = call_fused(
+            (norm,),
+            lambda: _fp8.Quantized(
+                *ops.rms_norm_fp8(x, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset), dtype),
+            lambda: _fp8.Quantized(*ops.quantize_fp8(norm(x)), dtype),
+        )
+    else:
+        hidden_states = norm(hidden_states)
     hidden_states, _ = self.self_attn(
         hidden_states=hidden_states,
         attention_mask=attention_mask,
@@ -118,7 +131,21 @@ def _decoder_layer_forward(
         added = residual + attn_output
         return norm(added), added
 
-    if norm.weight.dtype == attn_output.dtype == residual.dtype:  # not so under autocast
+    if (norm.weight.dtype == attn_output.dtype == residual.dtype
+            and _takes_quantized(self.mlp, ("gate_proj", "up_proj"))):
+        def unfused_fp8():
+            hidden, added = unfused()
+            return (*ops.quantize_fp8(hidden), added)
+
+        q, scale, residual = call_fused(
+            (norm,),
+            lambda: ops.fused_add_rms_norm_fp8(
+                attn_output, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
+            ),
+            unfused_fp8,
+        )
+        hidden_states = _fp8.Quantized(q, scale, attn_output.dtype)
+    elif norm.weight.dtype == attn_output.dtype == residual.dtype:  # not so under autocast
         # The norm's weight is read in place, between the norm's hooks (accelerate's offload
         # hooks load it from the meta device: device_map offload, cpu_offload).
         hidden_states, residual = call_fused(
@@ -131,6 +158,14 @@ def _decoder_layer_forward(
     else:
         hidden_states, residual = unfused()
     return residual + self.mlp(hidden_states)
+
+
+def _takes_quantized(module: nn.Module, linears: tuple[str, ...]) -> bool:
+    """Whether ``module`` (attention, MLP) may get its input quantized by the norm before it:
+    its forward is our patch (which passes the input to those linears only), running
+    unhooked, and the linears are our FP8 linears, unhooked."""
+    return (is_patched(module) and runs_unhooked(module)
+            and _fp8.take_quantized(tuple(getattr(module, name) for name in linears)))
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

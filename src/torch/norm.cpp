@@ -1,5 +1,5 @@
 // torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm, and the
-// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm, the last two also
+// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm; the RMS forms also
 // with an FP8 output (*_fp8: the norm feeding an FP8 GEMM, quantized in the same pass).
 #include "torch/registration.h"
 
@@ -74,21 +74,37 @@ void set_modulation(NormParams& p, const at::Tensor& x, const at::Tensor& scale,
   p.shift = row_vectors(shift, x, keep[1]);
 }
 
-// One normalization of x, modulated when scale (and shift) are given: rms_norm,
-// layer_norm, adaln_rms_norm and adaln_layer_norm.
-at::Tensor normalize(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
-                     const OptTensor& bias, double eps, double weight_offset,
-                     const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
+// One normalization of x into `out` or, with `fp8`, quantized into it; modulated when scale
+// (and shift) are given: rms_norm, layer_norm, adaln_rms_norm, adaln_layer_norm and the FP8
+// forms.
+void normalize_into(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
+                    const OptTensor& bias, double eps, double weight_offset, const at::Tensor* scale,
+                    const at::Tensor* shift, at::Tensor* out, Fp8Out* fp8) {
   const auto [w, b] = check_norm_args(op, x, nullptr, weight, bias, eps);
   check_modulation(x, scale, shift);
   const Rows rows = as_rows(x);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (rows.rows == 0) return out;
-  NormParams p = make_params(type, rows, w, b, eps, weight_offset, &out);
+  if (rows.rows == 0) return;
+  NormParams p = make_params(type, rows, w, b, eps, weight_offset, out);
+  if (fp8) set_fp8_out(p, *fp8);
   at::Tensor keep[3];
   if (scale) set_modulation(p, x, *scale, *shift, keep);
   run(p, x, op);
+}
+
+at::Tensor normalize(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
+                     const OptTensor& bias, double eps, double weight_offset,
+                     const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, &out, nullptr);
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> normalize_fp8(const char* op, const at::Tensor& x, const OptTensor& weight,
+                                                 double eps, double weight_offset, const at::Tensor* scale = nullptr,
+                                                 const at::Tensor* shift = nullptr) {
+  Fp8Out o = empty_fp8(x);
+  normalize_into(op, NormType::kRms, x, weight, std::nullopt, eps, weight_offset, scale, shift, nullptr, &o);
+  return {o.q, o.scale};
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps,
@@ -107,20 +123,14 @@ at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at
                    &shift);
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_fp8(const at::Tensor& x, const OptTensor& weight, double eps,
+                                                double weight_offset) {
+  return normalize_fp8("rms_norm_fp8", x, weight, eps, weight_offset);
+}
+
 std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8(const at::Tensor& x, const at::Tensor& scale,
                                                       const at::Tensor& shift, const OptTensor& weight, double eps) {
-  const char* op = "adaln_rms_norm_fp8";
-  const auto [w, b] = check_norm_args(op, x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, &scale, &shift);
-  const Rows rows = as_rows(x);
-  Fp8Out o = empty_fp8(x);
-  if (rows.rows == 0) return {o.q, o.scale};
-  NormParams p = make_params(NormType::kRms, rows, w, b, eps, 0.0, nullptr);
-  set_fp8_out(p, o);
-  at::Tensor keep[3];
-  set_modulation(p, x, scale, shift, keep);
-  run(p, x, op);
-  return {o.q, o.scale};
+  return normalize_fp8("adaln_rms_norm_fp8", x, weight, eps, 0.0, &scale, &shift);
 }
 
 at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
@@ -129,27 +139,26 @@ at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const 
                    &shift);
 }
 
-// Writes rms_norm(x + residual) to the returned tensor and x + residual to residual_out.
-at::Tensor add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual,
-                             at::Tensor& residual_out, const OptTensor& weight, double eps,
-                             double weight_offset) {
+// Writes rms_norm(x + residual) to `out` (or, with `fp8`, quantized to it) and x + residual
+// to residual_out.
+void add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual, at::Tensor& residual_out,
+                       const OptTensor& weight, double eps, double weight_offset, at::Tensor* out, Fp8Out* fp8) {
   const auto [w, b] = check_norm_args(op, x, &residual, weight, std::nullopt, eps);
   const Rows rows = as_rows(x);
   const Rows res = as_rows(residual);
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  if (rows.rows == 0) return out;
+  if (rows.rows == 0) return;
   // residual_out is either fresh (contiguous) or residual itself; a residual that had to be
   // copied to be read as rows is updated through that copy, then copied back.
   const bool in_place = residual_out.is_same(residual);
   at::Tensor res_out = in_place ? res.tensor : residual_out;
-  NormParams p = make_params(NormType::kRms, rows, w, b, eps, weight_offset, &out);
+  NormParams p = make_params(NormType::kRms, rows, w, b, eps, weight_offset, out);
+  if (fp8) set_fp8_out(p, *fp8);
   p.residual = res.tensor.const_data_ptr();
   p.residual_row_stride = res.row_stride;
   p.residual_out = res_out.mutable_data_ptr();
   p.residual_out_row_stride = in_place ? res.row_stride : rows.cols;
   run(p, x, op);
   if (in_place && !res.tensor.is_same(residual)) residual.copy_(res.tensor);
-  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
@@ -157,16 +166,26 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const OptTensor& weight, double eps,
                                                       double weight_offset) {
   at::Tensor residual_out = at::empty(x.sizes(), x.options());
-  at::Tensor out = add_rms_norm_into("fused_add_rms_norm", x, residual, residual_out, weight,
-                                     eps, weight_offset);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  add_rms_norm_into("fused_add_rms_norm", x, residual, residual_out, weight, eps, weight_offset, &out, nullptr);
   return {out, residual_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& residual,
+                                                                      const OptTensor& weight, double eps,
+                                                                      double weight_offset) {
+  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  Fp8Out o = empty_fp8(x);
+  add_rms_norm_into("fused_add_rms_norm_fp8", x, residual, residual_out, weight, eps, weight_offset, nullptr, &o);
+  return {o.q, o.scale, residual_out};
 }
 
 at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const OptTensor& weight,
                                double eps, double weight_offset) {
   check_written("fused_add_rms_norm_", residual, "residual", x, "x");
-  return add_rms_norm_into("fused_add_rms_norm_", x, residual, residual, weight, eps,
-                           weight_offset);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  add_rms_norm_into("fused_add_rms_norm_", x, residual, residual, weight, eps, weight_offset, &out, nullptr);
+  return out;
 }
 
 // x_new = x + y * gate; normed = rms_norm(x_new) * (1 + scale) + shift, written as dtype to
@@ -241,6 +260,22 @@ at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
   return normalize_meta("adaln_rms_norm", x, weight, std::nullopt, eps, &scale, &shift);
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_fp8_meta(const at::Tensor& x, const OptTensor& weight, double eps,
+                                                     double) {
+  normalize_meta("rms_norm_fp8", x, weight, std::nullopt, eps);
+  Fp8Out o = empty_fp8(x);
+  return {o.q, o.scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fp8_meta(const at::Tensor& x,
+                                                                           const at::Tensor& residual,
+                                                                           const OptTensor& weight, double eps,
+                                                                           double) {
+  check_norm_args("fused_add_rms_norm_fp8", x, &residual, weight, std::nullopt, eps);
+  Fp8Out o = empty_fp8(x);
+  return {o.q, o.scale, empty_like_x(x)};
+}
+
 std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8_meta(const at::Tensor& x, const at::Tensor& scale,
                                                            const at::Tensor& shift, const OptTensor& weight,
                                                            double eps) {
@@ -303,6 +338,8 @@ void register_impls(torch::Library& m) {
   m.impl("adaln_rms_norm", &adaln_rms_norm);
   m.impl("adaln_layer_norm", &adaln_layer_norm);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
+  m.impl("rms_norm_fp8", &rms_norm_fp8);
+  m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8);
   m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8);
   m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8);
 }
@@ -323,6 +360,8 @@ LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("adaln_rms_norm", &adaln_rms_norm_meta);
   m.impl("adaln_layer_norm", &adaln_layer_norm_meta);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm_meta);
+  m.impl("rms_norm_fp8", &rms_norm_fp8_meta);
+  m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8_meta);
   m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8_meta);
   m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8_meta);
 }

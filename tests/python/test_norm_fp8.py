@@ -1,4 +1,5 @@
-"""The AdaLN norms with an FP8 output (adaln_rms_norm_fp8, gated_residual_adaln_rms_norm_fp8):
+"""The RMS norms with an FP8 output (rms_norm_fp8, fused_add_rms_norm_fp8, adaln_rms_norm_fp8,
+gated_residual_adaln_rms_norm_fp8):
 bit for bit the unfused composition quantize_fp8(norm(...)) on the same device (their
 definition), close to the fp64 formula, every broadcast form and layout, odd and streamed row
 lengths, zero / inf / NaN rows, Meta shapes, compile and bad input."""
@@ -38,6 +39,31 @@ def assert_near_formula(q, scale, normed64, dtype):
     ref = ref_q.double() * ref_scale.double()[..., None]
     step = ref.abs() * 2.0**-3 + scale.double()[..., None] * 2.0**-9
     assert ((deq - ref).abs() <= 2 * step + 1e-30).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,d", SHAPES)
+@pytest.mark.parametrize("weight_kind", ["none", "weight", "gemma"])
+def test_rms_norm_fp8_is_the_composition(device, dtype, b, s, d, weight_kind):
+    x = torch.randn(b, s, d, dtype=dtype, device=device) * 3
+    weight = torch.randn(d, dtype=dtype, device=device) if weight_kind != "none" else None
+    offset = 1.0 if weight_kind == "gemma" else 0.0
+    got = ltx_kernels.rms_norm_fp8(x, weight, 1e-6, weight_offset=offset)
+    assert_same_fp8(got, ltx_kernels.quantize_fp8(ltx_kernels.rms_norm(x, weight, 1e-6, weight_offset=offset)))
+    assert_near_formula(*got, rms_norm_formula(x, weight, 1e-6, offset), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b,s,d", SHAPES)
+def test_fused_add_rms_norm_fp8_is_the_composition(device, dtype, b, s, d):
+    x, residual = (torch.randn(b, s, d, dtype=dtype, device=device) for _ in range(2))
+    weight = torch.randn(d, dtype=dtype, device=device)
+    q, q_scale, new_residual = ltx_kernels.fused_add_rms_norm_fp8(x, residual, weight, 1e-6)
+    out, ref_residual = ltx_kernels.fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(new_residual, ref_residual)
+    assert_same_fp8((q, q_scale), ltx_kernels.quantize_fp8(out))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -123,6 +149,8 @@ def test_opcheck_and_compile(device):
     x, y = torch.randn(2, 5, 64, device=device), torch.randn(2, 5, 64, device=device)
     scale, shift, w = (torch.randn(2, 1, 64, device=device) for _ in range(3))
     torch.library.opcheck(ops.adaln_rms_norm_fp8.default, (x, scale, shift, w[0, 0], 1e-6))
+    torch.library.opcheck(ops.rms_norm_fp8.default, (x, w[0, 0], 1e-6, 1.0))
+    torch.library.opcheck(ops.fused_add_rms_norm_fp8.default, (x, y, None, 1e-6, 0.0))
     torch.library.opcheck(ops.gated_residual_adaln_rms_norm_fp8.default, (x, y, w, scale, shift, None, 1e-6))
 
     def block(x, y, scale, shift):
@@ -151,3 +179,5 @@ def test_forward_only():
     w = torch.randn(64)
     with pytest.raises(RuntimeError, match="adaln_rms_norm_fp8"):
         ltx_kernels.adaln_rms_norm_fp8(x, w, w)
+    with pytest.raises(RuntimeError, match="fused_add_rms_norm_fp8"):
+        ltx_kernels.fused_add_rms_norm_fp8(x, x.detach(), w)

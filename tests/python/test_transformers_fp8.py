@@ -79,13 +79,34 @@ def test_fp8_logits_match_the_emulated_format(model_type, device):
     assert 0 < rel(out, reference, mask) <= FP8_ERROR_BOUND
 
 
-def test_fp8_quantizes_shared_inputs_once(monkeypatch):
-    """Per layer: q/k/v share one quantization, gate/up one; o and down one each: 4, not 7."""
-    model = fp8_model("llama")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fp8_quantizes_shared_inputs_once(monkeypatch, family):
+    """Per layer: q/k/v share one quantization, written by input_layernorm itself; gate/up one,
+    written by the fused residual + post-attention norm; o and down one standalone pass each:
+    4, not 7."""
+    model = fp8_model(family)
     apply_quietly(model, precision="fp8")
     calls = count_quantizations(monkeypatch)
     logits(model, *prompt())
-    assert len(calls) == 4 * SIZES["num_hidden_layers"]
+    layers = SIZES["num_hidden_layers"]
+    assert len(calls) == 4 * layers
+    assert calls.count("rms_norm_fp8") == calls.count("fused_add_rms_norm_fp8") == layers
+
+
+@pytest.mark.parametrize("target", ["input_layernorm", "post_attention_layernorm", "self_attn", "self_attn.k_proj",
+                                    "mlp", "mlp.up_proj"])
+def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
+    """The norms write their outputs quantized only while every consumer is one of our FP8
+    linears, unhooked: a hook on the norm, the attention, a projection or the MLP sees its call
+    and the logits stay as close to the emulated format."""
+    model = fp8_model("llama")
+    apply_quietly(model, precision="fp8")
+    ids, mask = prompt()
+    fused = logits(model, ids, mask)
+    seen = []
+    model.model.layers[0].get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    hooked = logits(model, ids, mask)
+    assert seen and rel(hooked, fused, mask) < 1e-2
 
 
 def test_fp8_one_way_and_no_mixing():
