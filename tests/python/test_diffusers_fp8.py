@@ -161,10 +161,13 @@ def test_fp8_refuses_gpus_without_fp8_before_changing_the_model(monkeypatch):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_train_mode_report_says_forward_only():
-    model = model16("cpu").train()
-    report = inject_quietly(model)
-    assert any("train mode" in note and "forward-only" in note for note in report.notes)
+def test_train_mode_report_says_what_is_forward_only():
+    """In train mode the bf16 inject has a backward everywhere; the FP8 linears do not, and the
+    report says so, naming them."""
+    report = inject_quietly(model16("cpu").train())
+    assert any("train mode: every patched module has a backward" in note for note in report.notes), report.notes
+    report = inject_quietly(model16("cpu").train(), precision="fp8")
+    assert any("train mode" in note and "forward-only" in note and "fp8_linear" in note for note in report.notes)
 
 
 def test_fp8_leaves_lora_layers_in_the_model_dtype():
