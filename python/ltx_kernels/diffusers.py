@@ -5,7 +5,11 @@
 - ``LTXVideoTransformer3DModel``: its blocks run the fused LTX block of
   :mod:`ltx_kernels._ltx_video` (AdaLN norms, QK-norm + RoPE with in-kernel angles, gated
   residuals fused with the next norm, fused output norm);
-- any model, by class: diffusers ``RMSNorm`` (with or without weight, without bias) and
+- ``FluxTransformer2DModel``: its double- and single-stream blocks run the fused forwards of
+  :mod:`ltx_kernels._flux` (gated residuals, norm2 + modulation, the single blocks' GELU
+  projection);
+- any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
+  ...) -> ``adaln_layer_norm`` after the module's own modulation linear; diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
   ``linear_gelu_tanh`` (the projection with the GELU in its epilogue); diffusers ``GEGLU`` (``hidden * gelu(gate)``, exact GELU, hidden first) ->
   ``gelu_and_mul(gate, hidden)``; diffusers ``SwiGLU`` -> ``silu_and_mul(gate, hidden)``.
@@ -35,7 +39,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _diffusers_attention, _fp8, ops
+from ltx_kernels import _diffusers_attention, _flux, _fp8, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
@@ -91,7 +95,13 @@ def _generic_patch(module: nn.Module):
     """(kind, forward) for a module patchable by class, (None, reason) if its class is known
     but this instance is not supported, or None."""
     from diffusers.models.activations import GEGLU, GELU, SwiGLU
-    from diffusers.models.normalization import RMSNorm
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle, RMSNorm
+
+    for cls, kind, forward in ((AdaLayerNormZero, _flux.ADALN_KIND, _flux.adaln_zero_forward),
+                               (AdaLayerNormZeroSingle, _flux.ADALN_SINGLE_KIND, _flux.adaln_zero_single_forward)):
+        if type(module) is cls:
+            why = _flux.adaln_zero_problem(module)
+            return (None, f"{cls.__name__}: {why}") if why else (kind, forward)
 
     if isinstance(module, RMSNorm):
         if module.bias is not None:
@@ -216,6 +226,7 @@ def inject(
 
 def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report: Report) -> None:
     """inject's kernels (all but the attention backend) on one model of supported dtype and device."""
+    from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
 
     fused: set[int] = set()
@@ -224,6 +235,9 @@ def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report
             if not any(is_patched(block) for block in module.transformer_blocks):
                 patch_ltx_model(module, report, exact_rope=rope == "exact")
             fused |= {id(m) for m in fused_submodules(module)}
+        elif isinstance(module, FluxTransformer2DModel):
+            if not any(is_patched(block) for block in module.transformer_blocks):
+                _flux.patch_flux_model(module, report)
     for name, module in model.named_modules():
         if id(module) in fused or is_patched(module):
             continue

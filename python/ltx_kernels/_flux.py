@@ -1,0 +1,148 @@
+"""FLUX.1 (diffusers' ``FluxTransformer2DModel``) and the AdaLN-Zero norms DiTs share.
+
+- ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3, HunyuanVideo, ...): the
+  modulation's linear stays the module's; ``norm(x) * (1 + scale) + shift`` is one
+  ``adaln_layer_norm`` pass (a LayerNorm without affine, per-sample scale and shift).
+- ``FluxTransformerBlock`` (double stream): each ``x + gate * branch`` is one ``gated_residual``
+  pass and norm2 + modulation one ``adaln_layer_norm``, for both streams.
+- ``FluxSingleTransformerBlock``: ``proj_mlp`` + GELU-tanh is ``linear_gelu_tanh`` (the GELU in the
+  GEMM's epilogue) and ``residual + gate * proj_out(...)`` one ``gated_residual``.
+
+The submodules (linears, attention, feed-forwards) are still called as modules, so hooks,
+LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused``). RoPE and
+attention are left to the stock processor and diffusers' dispatch for now.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import _fp8, ops
+from ._patching import call_fused, patch
+
+ADALN_KIND = "AdaLayerNormZero (adaln_layer_norm)"
+ADALN_SINGLE_KIND = "AdaLayerNormZeroSingle (adaln_layer_norm)"
+BLOCK_KIND = "FluxTransformerBlock (gated_residual, adaln_layer_norm)"
+SINGLE_KIND = "FluxSingleTransformerBlock (linear_gelu_tanh, gated_residual)"
+
+
+def _plain_layer_norm(norm: nn.Module) -> bool:
+    return type(norm) is nn.LayerNorm and norm.weight is None and norm.bias is None and len(norm.normalized_shape) == 1
+
+
+def adaln_zero_problem(module: nn.Module) -> str | None:
+    """Why an AdaLayerNormZero(Single) cannot take the fused forward, or None."""
+    if not _plain_layer_norm(module.norm):
+        return f"its norm is {type(module.norm).__name__} (the fused op is a LayerNorm without affine)"
+    return None
+
+
+def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``norm(x) * (1 + scale) + shift`` with per-sample [B, D] scale and shift."""
+    scale, shift = scale[:, None], shift[:, None]
+    return call_fused(
+        (norm,),
+        lambda: ops.adaln_layer_norm(x, scale, shift, None, None, norm.eps),
+        lambda: norm(x) * (1 + scale) + shift,
+    )
+
+
+def adaln_zero_forward(self: nn.Module, x: torch.Tensor, timestep=None, class_labels=None, hidden_dtype=None,
+                       emb: torch.Tensor | None = None):
+    if self.emb is not None:
+        emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+    return _modulate(self.norm, x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+def adaln_zero_single_forward(self: nn.Module, x: torch.Tensor, emb: torch.Tensor | None = None):
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+    return _modulate(self.norm, x, scale_msa, shift_msa), gate_msa
+
+
+def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
+    return x.clip(-65504, 65504) if x.dtype == torch.float16 else x  # as the stock blocks
+
+
+def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                   temb: torch.Tensor, image_rotary_emb=None, joint_attention_kwargs=None):
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+        encoder_hidden_states, emb=temb
+    )
+    attention_outputs = self.attn(
+        hidden_states=norm_hidden_states,
+        encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
+    attn_output, context_attn_output = attention_outputs[:2]
+
+    hidden_states = ops.gated_residual(hidden_states, attn_output, gate_msa[:, None])
+    ff_output = self.ff(_modulate(self.norm2, hidden_states, scale_mlp, shift_mlp))
+    hidden_states = ops.gated_residual(hidden_states, ff_output, gate_mlp[:, None])
+    if len(attention_outputs) == 3:  # an IP-adapter's attention output
+        hidden_states = hidden_states + attention_outputs[2]
+
+    encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_attn_output, c_gate_msa[:, None])
+    context_ff_output = self.ff_context(_modulate(self.norm2_context, encoder_hidden_states, c_scale_mlp, c_shift_mlp))
+    encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_ff_output, c_gate_mlp[:, None])
+    return _clip_fp16(encoder_hidden_states), hidden_states
+
+
+def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                          temb: torch.Tensor, image_rotary_emb=None, joint_attention_kwargs=None):
+    text_seq_len = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    residual = hidden_states
+    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+    proj = self.proj_mlp
+
+    def mlp_unfused():
+        return self.act_mlp(proj(norm_hidden_states))
+
+    # A LoRA-wrapped, FP8 or library-owned projection runs as itself (call_fused).
+    if type(proj) is nn.Linear and proj.bias is not None and not _fp8.is_quantized(proj):
+        mlp_hidden_states = call_fused(
+            (proj, self.act_mlp), lambda: ops.linear_gelu_tanh(norm_hidden_states, proj.weight, proj.bias), mlp_unfused
+        )
+    else:
+        _fp8.check_adapters((proj,))
+        mlp_hidden_states = mlp_unfused()
+    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                            **(joint_attention_kwargs or {}))
+    hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
+    hidden_states = _clip_fp16(ops.gated_residual(residual, self.proj_out(hidden_states), gate[:, None]))
+    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _block_problem(block: nn.Module) -> str | None:
+    if not (_plain_layer_norm(block.norm2) and _plain_layer_norm(block.norm2_context)):
+        return "norm2 / norm2_context are not LayerNorms without affine"
+    return None
+
+
+def _single_block_problem(block: nn.Module) -> str | None:
+    if not (type(block.act_mlp) is nn.GELU and block.act_mlp.approximate == "tanh"):
+        return f"act_mlp is {block.act_mlp!r}, not GELU(approximate='tanh')"
+    return None
+
+
+def patch_flux_model(model: nn.Module, report) -> None:
+    """Patches ``model``'s double- and single-stream blocks (their AdaLN norms are patched by
+    class, as in any model)."""
+    for name, blocks, forward, problem, kind in (
+        ("transformer_blocks", model.transformer_blocks, _block_forward, _block_problem, BLOCK_KIND),
+        ("single_transformer_blocks", model.single_transformer_blocks, _single_block_forward, _single_block_problem,
+         SINGLE_KIND),
+    ):
+        for i, block in enumerate(blocks):
+            why = problem(block)
+            if why is not None:
+                report.skipped.append(f"{type(model).__name__}.{name}.{i} stays stock: {why}")
+                continue
+            patch(block, forward)
+            report.patched[kind] += 1

@@ -1,0 +1,144 @@
+"""FLUX.1 under inject (issue 20, first step): the fused double- and single-stream blocks and
+the AdaLN-Zero norms against the stock model, in fp32 and bf16, with hooks, compile, FP8,
+training and remove()."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+pytest.importorskip("diffusers")
+from diffusers import FluxTransformer2DModel  # noqa: E402
+from diffusers.models.normalization import AdaLayerNormZero  # noqa: E402
+
+import ltx_kernels.diffusers as lkd  # noqa: E402
+from ltx_kernels import _flux  # noqa: E402
+from ltx_kernels._patching import is_patched  # noqa: E402
+
+
+def tiny_flux(seed=0):
+    """fp32 tiny FLUX transformer (D = 64); the AdaLN linears scaled up so that the modulation
+    is not near zero (the default init would make the blocks near-identity)."""
+    torch.manual_seed(seed)
+    model = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=32, num_attention_heads=2, joint_attention_dim=48,
+                                   pooled_projection_dim=16, axes_dims_rope=(8, 12, 12)).eval()
+    for name, p in model.named_parameters():
+        if "norm" in name and "linear" in name:
+            p.data.normal_(0.0, 0.3)
+    return model.requires_grad_(False)
+
+
+def flux_kwargs(dtype=torch.float32, batch=2, image_tokens=24, text_tokens=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(image_tokens / 4),
+                                     indexing="ij")).reshape(3, -1).T
+    return dict(hidden_states=randn(batch, image_tokens, 16), encoder_hidden_states=randn(batch, text_tokens, 48),
+                pooled_projections=randn(batch, 16), timestep=torch.tensor([0.3, 0.8][:batch]).to(dtype),
+                img_ids=ids, txt_ids=torch.zeros(text_tokens, 3), return_dict=False)
+
+
+def inject_quietly(model, **kwargs):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return lkd.inject(model, **kwargs)
+
+
+def test_fused_blocks_match_stock_fp32():
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    for kind in (_flux.BLOCK_KIND, _flux.SINGLE_KIND, _flux.ADALN_KIND, _flux.ADALN_SINGLE_KIND):
+        assert report.patched[kind] > 0, report
+    assert report.patched[_flux.BLOCK_KIND] == 2 and report.patched[_flux.SINGLE_KIND] == 2
+    with torch.no_grad():
+        assert rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0]) < 1e-5
+
+
+def test_bf16_is_as_close_to_fp32_as_stock_bf16():
+    """Our bf16 model's error against stock fp32 is no worse than stock bf16's (we round once
+    where stock rounds twice)."""
+    reference = tiny_flux()
+    stock16 = copy.deepcopy(reference).to(torch.bfloat16)
+    ours16 = copy.deepcopy(stock16)
+    inject_quietly(ours16)
+    with torch.no_grad():
+        ref = reference(**flux_kwargs())[0]
+        err_stock = rel_err(stock16(**flux_kwargs(torch.bfloat16))[0], ref)
+        err_ours = rel_err(ours16(**flux_kwargs(torch.bfloat16))[0], ref)
+    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+
+
+@pytest.mark.parametrize("target", ["transformer_blocks.0.norm1", "transformer_blocks.0.norm2",
+                                    "transformer_blocks.1.norm2_context", "single_transformer_blocks.0.norm.norm",
+                                    "single_transformer_blocks.1.proj_mlp", "transformer_blocks.0.ff"])
+def test_hooks_on_fused_submodules_run(target):
+    """A hook on a norm or projection that a fused forward reads in place sees its call (the
+    fused forward runs that part unfused), and the output stays stock's."""
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    seen = []
+    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    with torch.no_grad():
+        out = model(**flux_kwargs())[0]
+        ref = stock(**flux_kwargs())[0]
+    assert seen and rel_err(out, ref) < 1e-5
+
+
+def test_remove_restores_stock():
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    assert lkd.remove(model) > 0
+    assert not any(is_patched(m) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(**flux_kwargs())[0], stock(**flux_kwargs())[0])
+
+
+def test_fp32_layer_norm_adaln_is_skipped_and_reported():
+    norm = AdaLayerNormZero(32, norm_type="fp32_layer_norm")
+    holder = torch.nn.ModuleDict({"norm": norm})
+    report = inject_quietly(holder)
+    assert not is_patched(norm)
+    assert any("AdaLayerNormZero" in s and "FP32LayerNorm" in s for s in report.skipped), report.skipped
+
+
+def test_compile_fullgraph():
+    model = tiny_flux()
+    inject_quietly(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert rel_err(compiled(**flux_kwargs())[0], model(**flux_kwargs())[0]) < 1e-6
+
+
+def test_trains_like_stock():
+    """In train mode every patched module has a backward; gradients match stock's."""
+    stock = tiny_flux().train().requires_grad_(True)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert any("every patched module has a backward" in n for n in report.notes), report.notes
+    stock(**flux_kwargs())[0].square().mean().backward()
+    model(**flux_kwargs())[0].square().mean().backward()
+    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
+        assert q.grad is not None, name
+        assert rel_err(q.grad, p.grad) < 1e-4, name
+
+
+def test_fp8_runs_within_the_format_error():
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model, precision="fp8")
+    assert report.patched[_flux.BLOCK_KIND] == 2
+    with torch.no_grad():
+        err = rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0])
+    assert 0 < err < 5e-2, err
