@@ -2,7 +2,7 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py bench gemm attention e2e cache llm); GPU_CHECK_PYTEST passes extra
+# time per command is limited (stages: cpp sanitize py bench gemm attention e2e flux cache llm); GPU_CHECK_PYTEST passes extra
 # pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
@@ -78,6 +78,12 @@ echo "== end-to-end LTX-Video benchmark"
 # shellcheck disable=SC2086
 python3 -m ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-} --json "$out/e2e.json" --markdown "$out/e2e.md" 2>&1 \
   | tee "$out/e2e.log" | tail -30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want flux; then
+echo "== end-to-end FLUX.1-dev benchmark (one step, 1024x1024)"
+python3 -m ltx_kernels.bench.flux_e2e --json "$out/flux.json" --markdown "$out/flux.md" 2>&1 \
+  | tee "$out/flux.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want cache; then

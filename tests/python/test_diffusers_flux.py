@@ -142,3 +142,16 @@ def test_fp8_runs_within_the_format_error():
     with torch.no_grad():
         err = rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0])
     assert 0 < err < 5e-2, err
+
+
+def test_benchmark_inputs_run_on_the_tiny_config():
+    """The FLUX benchmark's model and inputs (its GPU run uses the full 'dev' config), on the
+    CPU at the tiny one, stock and injected."""
+    from ltx_kernels.bench import flux_e2e
+
+    model = flux_e2e.random_transformer("tiny", torch.float32, "cpu")
+    kw = flux_e2e.step_inputs(model, 64, 96, 7, "cpu")
+    with torch.no_grad():
+        ref = model(**kw)[0]
+        inject_quietly(model)
+        assert ref.shape == (1, 24, 16) and rel_err(model(**kw)[0], ref) < 1e-5

@@ -46,13 +46,16 @@ def _torchao_fp8(model) -> None:
     quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
 
 
-def _set_mode(model, mode: str) -> None:
+def set_mode(model, mode: str) -> None:
+    """Puts a diffusers transformer in ``mode`` (one of MODES, without '+cudagraph'): stock
+    again (our patches removed, its repeated blocks uncompiled), then ours / torchao / compile.
+    Shared with the FLUX benchmark."""
     import ltx_kernels.diffusers as lkd
 
     if mode not in QUANTIZED:
         lkd.remove(model)
-        for block in model.transformer_blocks:
-            block._compiled_call_impl = None
+        for module in model.modules():
+            module._compiled_call_impl = None
     torch._dynamo.reset()
     attention = "8bit" if "+attn8bit" in mode else None
     if mode.startswith("ours-fp8"):
@@ -77,7 +80,7 @@ def available_modes(modes: list[str]) -> list[str]:
     return modes
 
 
-def _cuda_graph_step(step):
+def cuda_graph_step(step):
     """``step`` captured once into a CUDA graph over its (static) inputs; replays it."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -108,7 +111,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         embeds = ltx_models.prompt_embeds(model, batch=1)
         pipe = ltx_models.random_pipeline(model)
         pipe.set_progress_bar_config(disable=True)
-        _set_mode(model, mode.removesuffix("+cudagraph"))
+        set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
         with torch.no_grad():
             t0 = time.perf_counter()
@@ -117,7 +120,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
             row["first_call_s"] = time.perf_counter() - t0
             step = (lambda: model(**kw)[0])
             if mode.endswith("+cudagraph"):
-                step = _cuda_graph_step(step)
+                step = cuda_graph_step(step)
             for _ in range(3):
                 out = step()
             if reference is None:
@@ -141,7 +144,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         del model, pipe, step, out
         torch.cuda.empty_cache()
     if stock is not None:
-        _set_mode(stock, "eager")
+        set_mode(stock, "eager")
     return rows
 
 
