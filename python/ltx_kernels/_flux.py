@@ -8,9 +8,12 @@
 - ``FluxSingleTransformerBlock``: ``proj_mlp`` + GELU-tanh is ``linear_gelu_tanh`` (the GELU in the
   GEMM's epilogue) and ``residual + gate * proj_out(...)`` one ``gated_residual``.
 
+- ``FluxAttention`` with the stock ``FluxAttnProcessor``: our processor, the same steps with the
+  RoPE of q and k as one ``apply_rotary_pos_emb`` (interleaved pairs, the model's fp32 tables
+  read as they are) instead of two fp32 passes each; attention stays on diffusers' dispatch.
+
 The submodules (linears, attention, feed-forwards) are still called as modules, so hooks,
-LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused``). RoPE and
-attention are left to the stock processor and diffusers' dispatch for now.
+LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,55 @@ import torch
 from torch import nn
 
 from . import _fp8, ops
-from ._patching import call_fused, patch
+from ._patching import ProcessorOverStock, call_fused, patch
 
 ADALN_KIND = "AdaLayerNormZero (adaln_layer_norm)"
 ADALN_SINGLE_KIND = "AdaLayerNormZeroSingle (adaln_layer_norm)"
 BLOCK_KIND = "FluxTransformerBlock (gated_residual, adaln_layer_norm)"
 SINGLE_KIND = "FluxSingleTransformerBlock (linear_gelu_tanh, gated_residual)"
+ATTN_KIND = "FluxAttention RoPE (apply_rotary_pos_emb)"
+
+
+class FluxKernelsAttnProcessor(ProcessorOverStock):
+    """diffusers' FluxAttnProcessor with q's and k's RoPE in one ``apply_rotary_pos_emb``."""
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
+                 attention_mask=None, image_rotary_emb=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            query = torch.cat([attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim))), query], dim=1)
+            key = torch.cat([attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim))), key], dim=1)
+            value = torch.cat([encoder_value.unflatten(-1, (-1, attn.head_dim)), value], dim=1)
+        if image_rotary_emb is not None:
+            cos, sin = image_rotary_emb  # [S, head_dim] each, pairs interleaved
+            query, key = ops.apply_rotary_pos_emb(query, key, cos, sin, interleaved=True, unsqueeze_dim=2)
+
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
+                                              backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is None:
+            return hidden_states
+        text = encoder_hidden_states.shape[1]
+        encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+            [text, hidden_states.shape[1] - text], dim=1)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
+        return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+
+
+def _attn_problem(attn: nn.Module) -> str | None:
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    if type(attn.processor) is not FluxAttnProcessor:
+        return f"its processor is {type(attn.processor).__name__} (RoPE and attention stay its own)"
+    return None
 
 
 def _plain_layer_norm(norm: nn.Module) -> bool:
@@ -146,3 +192,9 @@ def patch_flux_model(model: nn.Module, report) -> None:
                 continue
             patch(block, forward)
             report.patched[kind] += 1
+            why = _attn_problem(block.attn)
+            if why is not None:
+                report.skipped.append(f"{type(model).__name__}.{name}.{i}.attn: {why}")
+                continue
+            patch(block.attn, processor=FluxKernelsAttnProcessor(block.attn.processor))
+            report.patched[ATTN_KIND] += 1

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import Report, call_fused, is_patched, patch
+from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
@@ -56,33 +56,9 @@ def rope_positions(
     return LtxRopePositions(grid, axis_scale, video_coords, float(rope.theta))
 
 
-class LtxKernelsAttnProcessor:
+class LtxKernelsAttnProcessor(ProcessorOverStock):
     """An LTX block's attention: projections, QK-norm (+ RoPE for attn1, one fused launch with
-    in-kernel angles), attention, output projection.
-
-    Its attention backend and parallel config are those of the stock processor it replaces,
-    read and written through, so ``set_attention_backend`` (which sets
-    ``processor._attention_backend``) reaches both and still holds after ``remove()``.
-    """
-
-    def __init__(self, stock: Any) -> None:
-        self._stock = stock
-
-    @property
-    def _attention_backend(self):
-        return getattr(self._stock, "_attention_backend", None)
-
-    @_attention_backend.setter
-    def _attention_backend(self, backend) -> None:
-        self._stock._attention_backend = backend
-
-    @property
-    def _parallel_config(self):
-        return getattr(self._stock, "_parallel_config", None)
-
-    @_parallel_config.setter
-    def _parallel_config(self, config) -> None:
-        self._stock._parallel_config = config
+    in-kernel angles), attention, output projection."""
 
     def __call__(
         self,

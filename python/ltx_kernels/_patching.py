@@ -172,6 +172,32 @@ def unpatch(module: nn.Module) -> bool:
     return True
 
 
+class ProcessorOverStock:
+    """Base of our diffusers attention processors: each stands in for a stock one, whose
+    attention backend and parallel config it reads and writes through, so that
+    ``set_attention_backend`` (which sets ``processor._attention_backend``) reaches both and
+    still holds after ``remove()``."""
+
+    def __init__(self, stock) -> None:
+        self._stock = stock
+
+    @property
+    def _attention_backend(self):
+        return getattr(self._stock, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, backend) -> None:
+        self._stock._attention_backend = backend
+
+    @property
+    def _parallel_config(self):
+        return getattr(self._stock, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, config) -> None:
+        self._stock._parallel_config = config
+
+
 def runs_unhooked(module: nn.Module) -> bool:
     """Whether calling ``module`` would run its class's forward or our patch of it and nothing
     else: no forward set on the instance, no torch hooks, no library's tensor subclass."""

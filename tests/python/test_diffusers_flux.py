@@ -1,6 +1,6 @@
-"""FLUX.1 under inject (issue 20, first step): the fused double- and single-stream blocks and
-the AdaLN-Zero norms against the stock model, in fp32 and bf16, with hooks, compile, FP8,
-training and remove()."""
+"""FLUX.1 under inject (issue 20, first step): the fused double- and single-stream blocks, the
+RoPE processor and the AdaLN-Zero norms against the stock model, in fp32 and bf16, with hooks,
+a custom processor, the attention backend, compile, FP8, training and remove()."""
 
 import copy
 
@@ -56,9 +56,10 @@ def test_fused_blocks_match_stock_fp32():
     stock = tiny_flux()
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
-    for kind in (_flux.BLOCK_KIND, _flux.SINGLE_KIND, _flux.ADALN_KIND, _flux.ADALN_SINGLE_KIND):
+    for kind in (_flux.BLOCK_KIND, _flux.SINGLE_KIND, _flux.ADALN_KIND, _flux.ADALN_SINGLE_KIND, _flux.ATTN_KIND):
         assert report.patched[kind] > 0, report
     assert report.patched[_flux.BLOCK_KIND] == 2 and report.patched[_flux.SINGLE_KIND] == 2
+    assert report.patched[_flux.ATTN_KIND] == 4  # every block's attention: our RoPE
     with torch.no_grad():
         assert rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0]) < 1e-5
 
@@ -155,3 +156,22 @@ def test_benchmark_inputs_run_on_the_tiny_config():
         ref = model(**kw)[0]
         inject_quietly(model)
         assert ref.shape == (1, 24, 16) and rel_err(model(**kw)[0], ref) < 1e-5
+
+
+def test_custom_processor_stays_and_backend_reaches_ours():
+    """A block whose attention has a processor of the user's keeps it (reported); a backend set
+    after inject reaches our processor and the stock one beneath it."""
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    class Custom(FluxAttnProcessor):
+        pass
+
+    model = tiny_flux()
+    model.transformer_blocks[0].attn.set_processor(Custom())
+    report = inject_quietly(model)
+    assert report.patched[_flux.ATTN_KIND] == 3
+    assert any("Custom" in s for s in report.skipped), report.skipped
+    model.set_attention_backend("native")
+    ours = model.transformer_blocks[1].attn.processor
+    assert isinstance(ours, _flux.FluxKernelsAttnProcessor)
+    assert ours._attention_backend is not None and ours._stock._attention_backend is ours._attention_backend
