@@ -84,7 +84,7 @@ def adaln_zero_problem(module: nn.Module) -> str | None:
     return None
 
 
-def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """``norm(x) * (1 + scale) + shift`` with per-sample [B, D] scale and shift."""
     scale, shift = scale[:, None], shift[:, None]
     return call_fused(
@@ -100,13 +100,13 @@ def adaln_zero_forward(self: nn.Module, x: torch.Tensor, timestep=None, class_la
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
-    return _modulate(self.norm, x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
+    return modulate(self.norm, x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 def adaln_zero_single_forward(self: nn.Module, x: torch.Tensor, emb: torch.Tensor | None = None):
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
-    return _modulate(self.norm, x, scale_msa, shift_msa), gate_msa
+    return modulate(self.norm, x, scale_msa, shift_msa), gate_msa
 
 
 def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
@@ -128,15 +128,20 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     attn_output, context_attn_output = attention_outputs[:2]
 
     hidden_states = ops.gated_residual(hidden_states, attn_output, gate_msa[:, None])
-    ff_output = self.ff(_modulate(self.norm2, hidden_states, scale_mlp, shift_mlp))
-    hidden_states = ops.gated_residual(hidden_states, ff_output, gate_mlp[:, None])
+    hidden_states = feed_forward_update(hidden_states, self.norm2, self.ff, shift_mlp, scale_mlp, gate_mlp)
     if len(attention_outputs) == 3:  # an IP-adapter's attention output
         hidden_states = hidden_states + attention_outputs[2]
 
     encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_attn_output, c_gate_msa[:, None])
-    context_ff_output = self.ff_context(_modulate(self.norm2_context, encoder_hidden_states, c_scale_mlp, c_shift_mlp))
-    encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_ff_output, c_gate_mlp[:, None])
+    encoder_hidden_states = feed_forward_update(encoder_hidden_states, self.norm2_context, self.ff_context,
+                                                c_shift_mlp, c_scale_mlp, c_gate_mlp)
     return _clip_fp16(encoder_hidden_states), hidden_states
+
+
+def feed_forward_update(x: torch.Tensor, norm: nn.Module, ff, shift, scale, gate) -> torch.Tensor:
+    """An AdaLN-Zero stream's feed-forward half, ``x + gate * ff(norm(x) * (1 + scale) + shift)``
+    with per-sample [B, D] shift, scale and gate: one norm pass, then one gated residual."""
+    return ops.gated_residual(x, ff(modulate(norm, x, scale, shift)), gate[:, None])
 
 
 def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -177,24 +182,31 @@ def _single_block_problem(block: nn.Module) -> str | None:
     return None
 
 
+def patch_blocks(model: nn.Module, name: str, forward, problem, kind: str, report) -> list[nn.Module]:
+    """Patches each block of ``model.<name>`` with ``forward`` unless ``problem(block)`` says why
+    not (then reported); returns the patched blocks. Shared by the DiT integrations."""
+    patched = []
+    for i, block in enumerate(getattr(model, name)):
+        why = problem(block)
+        if why is not None:
+            report.skipped.append(f"{type(model).__name__}.{name}.{i} stays stock: {why}")
+            continue
+        patch(block, forward)
+        report.patched[kind] += 1
+        patched.append(block)
+    return patched
+
+
 def patch_flux_model(model: nn.Module, report) -> None:
-    """Patches ``model``'s double- and single-stream blocks (their AdaLN norms are patched by
-    class, as in any model)."""
-    for name, blocks, forward, problem, kind in (
-        ("transformer_blocks", model.transformer_blocks, _block_forward, _block_problem, BLOCK_KIND),
-        ("single_transformer_blocks", model.single_transformer_blocks, _single_block_forward, _single_block_problem,
-         SINGLE_KIND),
-    ):
-        for i, block in enumerate(blocks):
-            why = problem(block)
-            if why is not None:
-                report.skipped.append(f"{type(model).__name__}.{name}.{i} stays stock: {why}")
-                continue
-            patch(block, forward)
-            report.patched[kind] += 1
-            why = _attn_problem(block.attn)
-            if why is not None:
-                report.skipped.append(f"{type(model).__name__}.{name}.{i}.attn: {why}")
-                continue
-            patch(block.attn, processor=FluxKernelsAttnProcessor(block.attn.processor))
-            report.patched[ATTN_KIND] += 1
+    """Patches ``model``'s double- and single-stream blocks and their attention processors
+    (the AdaLN norms are patched by class, as in any model)."""
+    blocks = (patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
+              + patch_blocks(model, "single_transformer_blocks", _single_block_forward, _single_block_problem,
+                             SINGLE_KIND, report))
+    for block in blocks:
+        why = _attn_problem(block.attn)
+        if why is not None:
+            report.skipped.append(f"{type(model).__name__}: a {type(block).__name__}'s attention: {why}")
+            continue
+        patch(block.attn, processor=FluxKernelsAttnProcessor(block.attn.processor))
+        report.patched[ATTN_KIND] += 1

@@ -8,6 +8,7 @@
 - ``FluxTransformer2DModel``: its double- and single-stream blocks run the fused forwards of
   :mod:`ltx_kernels._flux` (gated residuals, norm2 + modulation, the single blocks' GELU
   projection);
+- ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks (:mod:`ltx_kernels._sd3`);
 - any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
   ...) -> ``adaln_layer_norm`` after the module's own modulation linear; diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
@@ -39,7 +40,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _diffusers_attention, _flux, _fp8, ops
+from ltx_kernels import _diffusers_attention, _flux, _fp8, _sd3, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
@@ -228,6 +229,7 @@ def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report
     """inject's kernels (all but the attention backend) on one model of supported dtype and device."""
     from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
+    from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
 
     fused: set[int] = set()
     for module in model.modules():
@@ -238,6 +240,9 @@ def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report
         elif isinstance(module, FluxTransformer2DModel):
             if not any(is_patched(block) for block in module.transformer_blocks):
                 _flux.patch_flux_model(module, report)
+        elif isinstance(module, SD3Transformer2DModel):
+            if not any(is_patched(block) for block in module.transformer_blocks):
+                _sd3.patch_sd3_model(module, report)
     for name, module in model.named_modules():
         if id(module) in fused or is_patched(module):
             continue

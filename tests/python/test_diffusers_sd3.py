@@ -1,0 +1,106 @@
+"""Stable Diffusion 3 / 3.5 under inject (issue 20): the fused joint blocks (and the AdaLN-Zero
+norms by class) against the stock model: SD3 and SD3.5's dual attention, the last block's
+context_pre_only, bf16, hooks, feed-forward chunking, compile, training and remove()."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+pytest.importorskip("diffusers")
+from diffusers import SD3Transformer2DModel  # noqa: E402
+
+import ltx_kernels.diffusers as lkd  # noqa: E402
+from ltx_kernels import _sd3  # noqa: E402
+from ltx_kernels._patching import is_patched  # noqa: E402
+from test_diffusers_flux import inject_quietly  # noqa: E402
+
+
+def tiny_sd3(dual=False, seed=0):
+    """fp32 tiny SD3 transformer (2 joint blocks, the last context_pre_only); ``dual``: SD3.5's
+    second attention in block 0. AdaLN linears scaled up so that the modulation matters."""
+    torch.manual_seed(seed)
+    model = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16,
+                                  num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
+                                  pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm",
+                                  dual_attention_layers=(0,) if dual else ()).eval()
+    for name, p in model.named_parameters():
+        if "norm" in name and "linear" in name:
+            p.data.normal_(0.0, 0.3)
+    return model.requires_grad_(False)
+
+
+def sd3_kwargs(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(2, 4, 8, 8, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, 5, 24, generator=g).to(dtype),
+                pooled_projections=torch.randn(2, 16, generator=g).to(dtype),
+                timestep=torch.tensor([10.0, 500.0]), return_dict=False)
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_joint_blocks_match_stock(dual):
+    stock = tiny_sd3(dual)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[_sd3.BLOCK_KIND] == 2, report
+    with torch.no_grad():
+        assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
+
+
+def test_bf16_is_as_close_to_fp32_as_stock_bf16():
+    reference = tiny_sd3(dual=True)
+    stock16 = copy.deepcopy(reference).to(torch.bfloat16)
+    ours16 = copy.deepcopy(stock16)
+    inject_quietly(ours16)
+    with torch.no_grad():
+        ref = reference(**sd3_kwargs())[0]
+        err_stock = rel_err(stock16(**sd3_kwargs(torch.bfloat16))[0], ref)
+        err_ours = rel_err(ours16(**sd3_kwargs(torch.bfloat16))[0], ref)
+    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+
+
+@pytest.mark.parametrize("target", ["transformer_blocks.0.norm2", "transformer_blocks.0.norm2_context",
+                                    "transformer_blocks.1.norm2", "transformer_blocks.0.ff",
+                                    "transformer_blocks.0.attn2"])
+def test_hooks_on_fused_submodules_run(target):
+    stock = tiny_sd3(dual=True)
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    seen = []
+    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    with torch.no_grad():
+        assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
+    assert seen
+
+
+def test_feed_forward_chunking_stays_stock_and_is_reported():
+    model = tiny_sd3()
+    model.enable_forward_chunking(chunk_size=3)
+    report = inject_quietly(model)
+    assert report.patched[_sd3.BLOCK_KIND] == 0
+    assert any("chunking" in s for s in report.skipped), report.skipped
+
+
+def test_remove_compile_and_training():
+    stock = tiny_sd3(dual=True)
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        assert rel_err(compiled(**sd3_kwargs())[0], model(**sd3_kwargs())[0]) < 1e-6
+    assert lkd.remove(model) > 0 and not any(is_patched(m) for m in model.modules())
+
+    stock.train().requires_grad_(True)
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    stock(**sd3_kwargs())[0].square().mean().backward()
+    model(**sd3_kwargs())[0].square().mean().backward()
+    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
+        if p.grad is None:  # unused by stock too (e.g. the last block's context projections)
+            assert q.grad is None, name
+            continue
+        assert rel_err(q.grad, p.grad) < 1e-4, name
