@@ -14,12 +14,11 @@ median of ``--reps`` CUDA-event-timed forwards after warm-up, with peak memory, 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from ltx_kernels.bench import harness
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes, cuda_graph_step, set_mode
+from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes, measure_step, set_mode
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
          "torchao-fp8+compile"]
@@ -73,25 +72,10 @@ def run(stock, fresh, args, modes) -> list[dict]:
         set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"mode": mode, "tokens": kw["hidden_states"].shape[1]}
         with torch.no_grad():
-            t0 = time.perf_counter()
-            out = model(**kw)[0]
-            torch.cuda.synchronize()
-            row["first_call_s"] = time.perf_counter() - t0
-            step = (lambda: model(**kw)[0])
-            if mode.endswith("+cudagraph"):
-                step = cuda_graph_step(step)
-            for _ in range(3):
-                out = step()
-            if reference is None:
-                reference = out.float().clone()
-            row["err_vs_eager"] = harness.rel_err(out, reference)
-            torch.cuda.reset_peak_memory_stats()
-            row["step_ms"] = harness.time_ms(step, args.reps)
-            row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["kernels_ms"] = harness.kernel_split_ms(step)
+            reference = measure_step(lambda: model(**kw)[0], mode, args.reps, reference, row)
         rows.append(row)
         print(_row_line(row), flush=True)
-        del model, step, out
+        del model
         torch.cuda.empty_cache()
     if stock is not None:
         set_mode(stock, "eager")

@@ -99,6 +99,28 @@ def cuda_graph_step(step):
     return replay
 
 
+def measure_step(forward, mode: str, reps: int, reference, row: dict):
+    """Times one transformer step ``forward()`` (it returns the output) in ``mode`` into
+    ``row``: the first call, a CUDA graph for '+cudagraph' modes, warm-up, the error against
+    ``reference`` (this output when None), the median step time, peak memory and the kernel
+    split. Returns the reference. Shared with the FLUX benchmark."""
+    t0 = time.perf_counter()
+    out = forward()
+    torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - t0
+    step = cuda_graph_step(forward) if mode.endswith("+cudagraph") else forward
+    for _ in range(3):
+        out = step()
+    if reference is None:
+        reference = out.float().clone()
+    row["err_vs_eager"] = harness.rel_err(out, reference)
+    torch.cuda.reset_peak_memory_stats()
+    row["step_ms"] = harness.time_ms(step, reps)
+    row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    row["kernels_ms"] = harness.kernel_split_ms(step)
+    return reference
+
+
 def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
     """One row per mode; ``fresh()`` builds another copy of the weights for the quantized modes
     (``stock`` is None when only those run, so that their peak memory is their own)."""
@@ -114,22 +136,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
         with torch.no_grad():
-            t0 = time.perf_counter()
-            out = model(**kw)[0]
-            torch.cuda.synchronize()
-            row["first_call_s"] = time.perf_counter() - t0
-            step = (lambda: model(**kw)[0])
-            if mode.endswith("+cudagraph"):
-                step = cuda_graph_step(step)
-            for _ in range(3):
-                out = step()
-            if reference is None:
-                reference = out.float().clone()
-            row["err_vs_eager"] = harness.rel_err(out, reference)
-            torch.cuda.reset_peak_memory_stats()
-            row["step_ms"] = harness.time_ms(step, reps)
-            row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            row["kernels_ms"] = harness.kernel_split_ms(step)
+            reference = measure_step(lambda: model(**kw)[0], mode, reps, reference, row)
             if loop_steps and not mode.endswith("+cudagraph"):
                 g = torch.Generator(device="cuda")
 
@@ -141,7 +148,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
                 row["loop_ms"] = harness.time_ms(loop, 2)
         rows.append(row)
         print(_row_line(row), flush=True)
-        del model, pipe, step, out
+        del model, pipe
         torch.cuda.empty_cache()
     if stock is not None:
         set_mode(stock, "eager")
