@@ -1,15 +1,20 @@
-// The Hopper attention kernel (sm_90a): both GEMMs on wgmma, CuTe's MMA atoms and descriptors.
+// The Hopper attention kernel (sm_90a): FlashAttention-3's warp-specialized layout, CuTe's
+// MMA atoms and descriptors, TMA loads.
 //
-// One CTA of one warpgroup computes kBlockM = 64 query rows (wgmma's M) of one (batch, head),
-// walking the keys BLOCK_N at a time (128 for head_dim 64, 64 for 128). S = Q K^T reads Q and
-// K from shared memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit
-// method); the online softmax runs on the accumulators in registers (as the portable kernel's,
-// FlashAttention's); P, rounded to the input dtype, stays in registers as the A operand of
-// O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small pass first
-// (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). K and V^T tiles are
-// double-buffered with cp.async. Two CTAs fit on an SM (registers and shared memory), so one's
-// softmax overlaps the other's GEMMs. Next steps (the issue's design): TMA loads by a producer
-// warp, explicit ping-pong of two consumer warpgroups, FP8 P V, persistent scheduling.
+// A CTA of three warpgroups computes kBlockM = 128 query rows of one (batch, head): warpgroup
+// 0 is the producer (one thread issues every TMA load; the group gives its registers to the
+// others with setmaxnreg), warpgroups 1 and 2 each own 64 rows (wgmma's M) and walk the keys
+// BLOCK_N at a time. Q is loaded once; K and V^T tiles go through a kStages-deep ring of
+// shared-memory stages, each with a "full" mbarrier (the producer's TMA bytes landed) and an
+// "empty" one (both consumer warpgroups are done with it). S = Q K^T reads Q and K from shared
+// memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
+// softmax runs on the accumulators in registers; P, rounded to the input dtype, stays in
+// registers as the A operand of O += P V (m64nDk16), whose B operand is V transposed to
+// [D, keys] by a small pass first (wgmma reads 16-bit B from shared memory K-major; V's rows
+// are keys). TMA writes each tile in the 64/128-byte swizzle that the wgmma descriptors read
+// (core/smem_tile.cuh's layout); rows past a tensor's end arrive as zeros. Next steps (the
+// issue's design): ping-pong of the two consumer warpgroups (named barriers), softmax
+// overlapped with the next QK^T inside a warpgroup, FP8 P V, persistent scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,8 +22,12 @@
 #include <type_traits>
 #include <utility>
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cuda_host_adapter.hpp>
 
 #include "core/convert.cuh"
 #include "core/mma.cuh"
@@ -31,12 +40,15 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kThreads = 128;  // one warpgroup
-constexpr int kBlockM = 64;
+constexpr int kConsumers = 2;                     // warpgroups computing, 64 rows each
+constexpr int kThreads = 128 * (1 + kConsumers);  // and one producer warpgroup
+constexpr int kRowsPerConsumer = 64;              // wgmma's M
+constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+constexpr int kStages = 2;
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBlockM == kQuantBlock, "one q scale per CTA");
+static_assert(kRowsPerConsumer == kQuantBlock, "one q scale per consumer warpgroup");
 
-// Keys per step: as many as two CTAs per SM leave registers and shared memory for.
+// Keys per step (one CTA per SM: registers for two S tiles' worth are there).
 constexpr int block_n(int d) { return d == 64 ? 128 : 64; }
 static_assert(kHopperBlockN % block_n(64) == 0 && kHopperBlockN % block_n(128) == 0, "V^T padding");
 
@@ -112,86 +124,124 @@ __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(regs[i]);
 }
 
-// wgmma reads shared memory through the async proxy: make this thread's cp.async writes
-// visible to it (then a barrier makes every thread's).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The TMA maps of one call: Q, K (bf16/fp16 user tensors [B, H, S, D] with their strides, or
+// the INT8 workspace) and V^T (the workspace), passed by value as __grid_constant__.
+struct TmaMaps {
+  CUtensorMap q, k, vt;
+};
+
+// A tile of TILE (core::SmemTile: column blocks of kWidth bytes, rows kRows) from a map whose
+// dims are (columns, rows, rest...): one TMA load per column block, all completing on `bar`.
+template <class TILE, typename T>
+__device__ __forceinline__ void tma_tile(const CUtensorMap& map, uint64_t* bar, char* tile, int row0, int head,
+                                         int batch, int col0 = 0) {
+  constexpr int kBlockCols = TILE::kWidth / static_cast<int>(sizeof(T));
+#pragma unroll
+  for (int blk = 0; blk < TILE::kBytes / (TILE::kRows * TILE::kWidth); ++blk) {
+    cute::SM90_TMA_LOAD_4D::copy(&map, bar, 0, tile + blk * TILE::kRows * TILE::kWidth, col0 + blk * kBlockCols,
+                                 row0, head, batch);
+  }
+}
 
 template <typename T, int D, bool INT8>
-__global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const AttentionParams p, const AttentionWorkspace w) {
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_sm90_kernel(const AttentionParams p, const AttentionWorkspace w, const __grid_constant__ TmaMaps maps) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using QK = std::conditional_t<INT8, int8_t, T>;
   using Acc = std::conditional_t<INT8, uint32_t, float>;
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
   constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
   constexpr int kBlockN = block_n(D);
   constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
-  using QTile = core::SmemTile<kBlockM, kQKRow>;
+  using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using KTile = core::SmemTile<kBlockN, kQKRow>;
   using VTile = core::SmemTile<D, kBlockN * 2>;  // V^T: D rows of kBlockN keys
-  extern __shared__ char smem[];
-  const uint32_t s_q = (core::smem_addr(smem) + 1023) & ~1023u;  // the swizzle's phase
-  const uint32_t s_k = s_q + QTile::kBytes;
-  const uint32_t s_v = s_k + 2 * KTile::kBytes;
+  constexpr int kStageBytes = KTile::kBytes + VTile::kBytes;
+  extern __shared__ char smem_raw[];
+  // Tiles 1024-byte aligned (the swizzle's phase; TMA's 128-byte swizzle requires it), then
+  // the barriers.
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  char* s_q = smem;                                  // kConsumers Q tiles
+  char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V^T tile)
+  uint64_t* bars = reinterpret_cast<uint64_t*>(s_stage + kStages * kStageBytes);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;             // [kStages]
+  uint64_t* empty = bars + 1 + kStages;  // [kStages]
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, tig = lane % 4;
+  const int wg = threadIdx.x / 128;
   const int64_t b = blockIdx.z;
   const int h = blockIdx.y, hk = h / static_cast<int>(p.heads_q / p.heads_kv);
-  const int m0 = blockIdx.x * kBlockM;
   const int seq_q = static_cast<int>(p.seq_q), seq_k = static_cast<int>(p.seq_k);
+  const int steps = (seq_k + kBlockN - 1) / kBlockN;
+  const int bi = static_cast<int>(b);  // TMA coordinates: (column, row, head, batch)
 
-  const char *q_src, *k_src;
-  int64_t q_stride, k_stride;
-  float q_factor = p.scale * kLog2e;
-  if constexpr (INT8) {
-    q_src = reinterpret_cast<const char*>(w.q8 + (b * p.heads_q + h) * w.q_blocks * kQuantBlock * D);
-    k_src = reinterpret_cast<const char*>(w.k8 + (b * p.heads_kv + hk) * w.k_blocks * kQuantBlock * D);
-    q_stride = k_stride = D;
-    q_factor *= w.q_scale[(b * p.heads_q + h) * w.q_blocks + blockIdx.x];
-  } else {
-    q_src = static_cast<const char*>(p.q) + (b * p.q_strides.batch + h * p.q_strides.head) * sizeof(T);
-    k_src = static_cast<const char*>(p.k) + (b * p.k_strides.batch + hk * p.k_strides.head) * sizeof(T);
-    q_stride = p.q_strides.seq * sizeof(T);
-    k_stride = p.k_strides.seq * sizeof(T);
+  if (threadIdx.x == 0) {
+    Barrier::init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full[s], 1);
+      Barrier::init(&empty[s], kConsumers);  // one arrival per consumer warpgroup
+    }
+    cutlass::arch::fence_barrier_init();
   }
-  const char* vt = static_cast<const char*>(w.vt) + (b * p.heads_kv + hk) * D * w.v_keys * sizeof(T);
-  const int64_t vt_stride = w.v_keys * sizeof(T);
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer: one thread issues every load; the rest of the warpgroup idles.
+    cutlass::arch::warpgroup_reg_dealloc<24>();
+    if (threadIdx.x != 0) return;
+    Barrier::arrive_and_expect_tx(q_full, kConsumers * QTile::kBytes);
+#pragma unroll
+    for (int c = 0; c < kConsumers; ++c) {
+      tma_tile<QTile, QK>(maps.q, q_full, s_q + c * QTile::kBytes, blockIdx.x * kBlockM + c * kRowsPerConsumer, h, bi);
+    }
+    for (int step = 0; step < steps; ++step) {
+      const int stage = step % kStages;
+      // A fresh barrier counts as having completed the phase before its first: the first
+      // kStages waits pass.
+      Barrier::wait(&empty[stage], ((step / kStages) & 1) ^ 1);
+      Barrier::arrive_and_expect_tx(&full[stage], kStageBytes);
+      char* s_k = s_stage + stage * kStageBytes;
+      tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, hk, bi);
+      // V^T's columns are keys: the tile's column blocks start at this step's first key.
+      tma_tile<VTile, T>(maps.vt, &full[stage], s_k + KTile::kBytes, 0, hk, bi, step * kBlockN);
+    }
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<240>();
+
+  // Consumer warpgroup c = wg - 1: query rows m0 .. m0 + 63.
+  const int c = wg - 1, t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int g = lane / 4, tig = lane % 4;
+  const int m0 = static_cast<int>(blockIdx.x) * kBlockM + c * kRowsPerConsumer;
+  const uint32_t s_q_addr = core::smem_addr(s_q + c * QTile::kBytes);
+  float q_factor = p.scale * kLog2e;
+  // (the second warpgroup of the last CTA may have no rows: its block has no scale)
+  if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
   const float* k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
   const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
-
-  const int steps = (seq_k + kBlockN - 1) / kBlockN;
-  QTile::template load<kThreads>(s_q, q_src, q_stride, m0, seq_q);
-  if (steps > 0) {
-    KTile::template load<kThreads>(s_k, k_src, k_stride, 0, seq_k);
-    VTile::template load<kThreads>(s_v, vt, vt_stride, 0, D);
-  }
-  core::cp_async_commit();
 
   // Rows g and g + 8 of this warp's 16: running max (log2 units), this thread's partial row
   // sum; o[4 t + e]: output columns 8 t + 2 tig + e % 2 of row g + 8 (e / 2).
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float o[D / 2] = {};
   const int row_lo = m0 + 16 * warp + g;
+  Barrier::wait(q_full, 0);
 
   for (int step = 0; step < steps; ++step) {
-    const int stage = step & 1;
-    if (step + 1 < steps) {
-      const int n1 = (step + 1) * kBlockN;
-      KTile::template load<kThreads>(s_k + (stage ^ 1) * KTile::kBytes, k_src, k_stride, n1, seq_k);
-      VTile::template load<kThreads>(s_v + (stage ^ 1) * VTile::kBytes, vt + n1 * sizeof(T), vt_stride, 0, D);
-    }
-    core::cp_async_commit();
-    core::cp_async_wait<1>();  // this step's tiles (and Q) have landed
-    fence_proxy_async();
-    __syncthreads();
+    const int stage = step % kStages;
+    Barrier::wait(&full[stage], (step / kStages) & 1);
+    const uint32_t s_k = core::smem_addr(s_stage + stage * kStageBytes);
+    const uint32_t s_v = s_k + KTile::kBytes;
 
     Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
     fence_operands(s);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < kQKSteps; ++ks) {
-      mma_ss<typename QKMma<T, INT8, kBlockN>::type>(descriptor<QTile>(s_q, 0, 32 * ks),
-                                                     descriptor<KTile>(s_k + stage * KTile::kBytes, 0, 32 * ks), s,
+      mma_ss<typename QKMma<T, INT8, kBlockN>::type>(descriptor<QTile>(s_q_addr, 0, 32 * ks),
+                                                     descriptor<KTile>(s_k, 0, 32 * ks), s,
                                                      ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
                                                      std::make_index_sequence<kBlockN / 2>{});
     }
@@ -262,13 +312,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const Atten
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v + stage * VTile::kBytes, 0, 32 * kk), o,
+      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
                                          std::make_index_sequence<D / 2>{});
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
     fence_operands(o);
-    __syncthreads();  // every warp is done with this stage before the next step refills it
+    // This warpgroup is done with the stage: one arrival (after all its warps are).
+    cutlass::arch::NamedBarrier::sync(128, 1 + c);
+    if (t == 0) Barrier::arrive(&empty[stage]);
   }
 
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
@@ -281,10 +333,10 @@ __global__ void __launch_bounds__(kThreads, 2) attention_sm90_kernel(const Atten
     if (row >= seq_q) continue;
     const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const float x0 = total == 0.0f ? 0.0f : o[4 * t + 2 * r] * inv;
-      const float x1 = total == 0.0f ? 0.0f : o[4 * t + 2 * r + 1] * inv;
-      *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * t + 2 * tig) = core::pack2<T>(x0, x1);
+    for (int tt = 0; tt < D / 8; ++tt) {
+      const float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
+      const float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
+      *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * tt + 2 * tig) = core::pack2<T>(x0, x1);
     }
   }
 #endif
@@ -319,17 +371,65 @@ __global__ void __launch_bounds__(kTransposeThreads) attention_transpose_v_kerne
   }
 }
 
+// The TMA map of a [batch, heads, rows, cols] tensor (strides in elements, cols contiguous),
+// loaded as boxes of `box_rows` rows by one swizzle width (`width` bytes) of columns. A stride
+// of 0 (a dim of size 1, never stepped along) is replaced by a valid one.
+cudaError_t tma_map(CUtensorMap* map, const void* base, int elem_bytes, int64_t cols, int64_t rows, int64_t heads,
+                    int64_t batch, Strides4 strides, int box_rows, int width) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  int64_t row = strides.seq ? strides.seq : cols;
+  int64_t head = strides.head ? strides.head : row * rows;
+  int64_t bat = strides.batch ? strides.batch : head * heads;
+  const cuuint64_t bytes[3] = {static_cast<cuuint64_t>(row * elem_bytes), static_cast<cuuint64_t>(head * elem_bytes),
+                               static_cast<cuuint64_t>(bat * elem_bytes)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(width / elem_bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult r = cutlass::call_cuTensorMapEncodeTiled(
+      map, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4,
+      const_cast<void*>(base), dims, bytes, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      width == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);  // rows past the end: zeros
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <typename T, int D, bool INT8>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  constexpr int kQKRow = D * (INT8 ? 1 : 2);
+  constexpr int kQKBytes = INT8 ? 1 : 2;
+  constexpr int kQKRow = D * kQKBytes;
   constexpr int kBlockN = block_n(D);
-  constexpr int kSmem = (kBlockM + 2 * kBlockN) * kQKRow + 2 * D * kBlockN * 2 + 1024;  // + base alignment
+  using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
+  using KTile = core::SmemTile<kBlockN, kQKRow>;
+  using VTile = core::SmemTile<D, kBlockN * 2>;
+  constexpr int kSmem = 1024 /* base alignment */ + kConsumers * QTile::kBytes +
+                        kStages * (KTile::kBytes + VTile::kBytes) + 8 * (1 + 2 * kStages);
+  TmaMaps maps{};
+  cudaError_t error;
+  if constexpr (INT8) {
+    const Strides4 q{p.heads_q * w.q_blocks * kQuantBlock * D, w.q_blocks * kQuantBlock * D, D};
+    const Strides4 k{p.heads_kv * w.k_blocks * kQuantBlock * D, w.k_blocks * kQuantBlock * D, D};
+    error = tma_map(&maps.q, w.q8, 1, D, w.q_blocks * kQuantBlock, p.heads_q, p.batch, q, kRowsPerConsumer,
+                    QTile::kWidth);
+    if (error == cudaSuccess && p.seq_k > 0) {
+      error = tma_map(&maps.k, w.k8, 1, D, w.k_blocks * kQuantBlock, p.heads_kv, p.batch, k, kBlockN, KTile::kWidth);
+    }
+  } else {
+    error = tma_map(&maps.q, p.q, 2, D, p.seq_q, p.heads_q, p.batch, p.q_strides, kRowsPerConsumer, QTile::kWidth);
+    if (error == cudaSuccess && p.seq_k > 0) {
+      error = tma_map(&maps.k, p.k, 2, D, p.seq_k, p.heads_kv, p.batch, p.k_strides, kBlockN, KTile::kWidth);
+    }
+  }
+  if (error == cudaSuccess && p.seq_k > 0) {  // no keys: no K or V^T load, their maps unused
+    const Strides4 vt{p.heads_kv * D * w.v_keys, D * w.v_keys, w.v_keys};
+    error = tma_map(&maps.vt, w.vt, 2, w.v_keys, D, p.heads_kv, p.batch, vt, D, VTile::kWidth);
+  }
+  if (error != cudaSuccess) return error;
   const auto kernel = attention_sm90_kernel<T, D, INT8>;
-  cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (error != cudaSuccess) return error;
   const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, kBlockM)), static_cast<unsigned>(p.heads_q),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, kSmem, stream>>>(p, w);
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, w, maps);
   return cudaGetLastError();
 }
 
