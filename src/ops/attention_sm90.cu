@@ -44,7 +44,7 @@ constexpr int kConsumers = 2;                     // warpgroups computing, 64 ro
 constexpr int kThreads = 128 * (1 + kConsumers);  // and one producer warpgroup
 constexpr int kRowsPerConsumer = 64;              // wgmma's M
 constexpr int kBlockM = kRowsPerConsumer * kConsumers;
-constexpr int kStages = 2;
+constexpr int kStages = 3;  // K and V of a step are released one step late (overlap)
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRowsPerConsumer == kQuantBlock, "one q scale per consumer warpgroup");
 
@@ -229,15 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_lo = m0 + 16 * warp + g;
   Barrier::wait(q_full, 0);
 
-  for (int step = 0; step < steps; ++step) {
-    const int stage = step % kStages;
-    Barrier::wait(&full[stage], (step / kStages) & 1);
-    const uint32_t s_k = core::smem_addr(s_stage + stage * kStageBytes);
-    const uint32_t s_v = s_k + KTile::kBytes;
-
-    Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
-    fence_operands(s);
-    cute::warpgroup_arrive();
+  // One step's S = Q K^T, issued without waiting.
+  auto issue_qk = [&](Acc (&s)[kBlockN / 2], uint32_t s_k) {
 #pragma unroll
     for (int ks = 0; ks < kQKSteps; ++ks) {
       mma_ss<typename QKMma<T, INT8, kBlockN>::type>(descriptor<QTile>(s_q_addr, 0, 32 * ks),
@@ -246,14 +239,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                      std::make_index_sequence<kBlockN / 2>{});
     }
     cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-    fence_operands(s);
-
+  };
+  // O += P V of one step, issued without waiting; P stays in registers the wgmma reads.
+  auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], uint32_t s_v) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
+                                         std::make_index_sequence<D / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+  };
+  // The online softmax of one step's scores, in place: sc becomes exp2(score - new max),
+  // row_max and row_sum move on, alpha is the factor by which O must shrink. It reads only S,
+  // so it runs while the previous step's P V is still in flight.
+  auto softmax = [&](const Acc (&s)[kBlockN / 2], int step, float (&sc)[kBlockN / 2], float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
     // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
     const int n0 = step * kBlockN;
     const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
-    float sc[kBlockN / 2];
     float step_max[2] = {row_max[0], row_max[1]};
     // The key checks sit outside the element loops: one uniform branch per step.
     if (!edge) {
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    float base[2], alpha[2];
+    float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 1));
@@ -292,35 +295,79 @@ __global__ void __launch_bounds__(kThreads, 1)
       row_max[r] = step_max[r];
       row_sum[r] *= alpha[r];
     }
-    // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent
-    // 8-key tiles is the A layout of one k-step.
-    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) {
+      sc[i] = fast_exp2(sc[i] - base[(i % 4) / 2]);
+      row_sum[(i % 4) / 2] += sc[i];
+    }
+  };
+  // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
+  // tiles is the A layout of one k-step.
+  auto pack_p = [&](const float (&sc)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
     for (int i = 0; i < kNTiles; ++i) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[4 * i + e] = fast_exp2(sc[4 * i + e] - base[e / 2]);
-        row_sum[e / 2] += sc[4 * i + e];
-      }
       pa[i / 2][2 * (i % 2)] = core::pack2<T>(sc[4 * i], sc[4 * i + 1]);
       pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(sc[4 * i + 2], sc[4 * i + 3]);
     }
+  };
+  auto fence_p = [](uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
-
-    fence_operands(o);
-    cute::warpgroup_arrive();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
-                                         std::make_index_sequence<D / 2>{});
-    }
-    cute::warpgroup_commit_batch();
-    cute::warpgroup_wait<0>();
-    fence_operands(o);
-    // This warpgroup is done with the stage: one arrival (after all its warps are).
+    for (int kk = 0; kk < kBlockN / 16; ++kk) fence_operands(pa[kk]);
+  };
+  // This warpgroup is done with a stage: one arrival (after all its warps are).
+  auto release = [&](int stage) {
     cutlass::arch::NamedBarrier::sync(128, 1 + c);
     if (t == 0) Barrier::arrive(&empty[stage]);
+  };
+  auto stage_k = [&](int stage) { return core::smem_addr(s_stage + stage * kStageBytes); };
+
+  // Intra-warpgroup overlap (FlashAttention-3): step j's Q K_j^T and step j - 1's P V_{j-1}
+  // are issued together; the softmax of step j (exponentials on the SFU) runs while the
+  // tensor cores do P V_{j-1}. O is rescaled only once that P V has landed.
+  // S and its exponentials live within one step (declared there, so that nothing keeps the
+  // last step's values alive); P is carried to the next.
+  uint32_t pa[kBlockN / 16][4];
+  if (steps > 0) {  // no keys: O stays 0, the row sums 0
+    Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
+    float sc[kBlockN / 2], alpha[2];
+    Barrier::wait(&full[0], 0);
+    fence_operands(s);
+    cute::warpgroup_arrive();
+    issue_qk(s, stage_k(0));
+    cute::warpgroup_wait<0>();
+    fence_operands(s);
+    softmax(s, 0, sc, alpha);  // O is zero: no rescale
+    pack_p(sc, pa);
+    for (int step = 1; step < steps; ++step) {
+      const int stage = step % kStages, prev = (step - 1) % kStages;
+      Acc s[kBlockN / 2];
+      float sc[kBlockN / 2], alpha[2];
+      Barrier::wait(&full[stage], (step / kStages) & 1);
+      fence_operands(s);
+      fence_p(pa);
+      fence_operands(o);
+      cute::warpgroup_arrive();
+      issue_qk(s, stage_k(stage));
+      issue_pv(pa, stage_k(prev) + KTile::kBytes);
+      cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
+      fence_operands(s);
+      softmax(s, step, sc, alpha);
+      cute::warpgroup_wait<0>();  // P V of the previous step
+      fence_p(pa);
+      fence_operands(o);
+      release(prev);
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+      pack_p(sc, pa);
+    }
+    fence_p(pa);
+    fence_operands(o);
+    cute::warpgroup_arrive();
+    issue_pv(pa, stage_k((steps - 1) % kStages) + KTile::kBytes);
+    cute::warpgroup_wait<0>();
+    fence_p(pa);
+    fence_operands(o);
+    release((steps - 1) % kStages);
   }
 
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
