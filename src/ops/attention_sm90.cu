@@ -12,9 +12,10 @@
 // registers as the A operand of O += P V (m64nDk16), whose B operand is V transposed to
 // [D, keys] by a small pass first (wgmma reads 16-bit B from shared memory K-major; V's rows
 // are keys). TMA writes each tile in the 64/128-byte swizzle that the wgmma descriptors read
-// (core/smem_tile.cuh's layout); rows past a tensor's end arrive as zeros. Next steps (the
-// issue's design): ping-pong of the two consumer warpgroups (named barriers), softmax
-// overlapped with the next QK^T inside a warpgroup, FP8 P V, persistent scheduling.
+// (core/smem_tile.cuh's layout); rows past a tensor's end arrive as zeros. Inside a consumer
+// warpgroup, the softmax of one step overlaps the previous step's P V (see the main loop).
+// Next steps (the issue's design): ping-pong of the two consumer warpgroups (named barriers),
+// per-head-dim tiles, FP8 P V, persistent scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
