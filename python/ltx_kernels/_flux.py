@@ -197,16 +197,23 @@ def patch_blocks(model: nn.Module, name: str, forward, problem, kind: str, repor
     return patched
 
 
+def patch_processors(model: nn.Module, blocks, name: str, problem, processor, kind: str, report) -> None:
+    """Gives each block's attention ``block.<name>`` our ``processor(stock processor)`` unless
+    ``problem(attention)`` says why not (then reported). Shared by the DiT integrations."""
+    for block in blocks:
+        attn = getattr(block, name)
+        why = problem(attn)
+        if why is not None:
+            report.skipped.append(f"{type(model).__name__}: a {type(block).__name__}'s {name}: {why}")
+            continue
+        patch(attn, processor=processor(attn.processor))
+        report.patched[kind] += 1
+
+
 def patch_flux_model(model: nn.Module, report) -> None:
     """Patches ``model``'s double- and single-stream blocks and their attention processors
     (the AdaLN norms are patched by class, as in any model)."""
     blocks = (patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
               + patch_blocks(model, "single_transformer_blocks", _single_block_forward, _single_block_problem,
                              SINGLE_KIND, report))
-    for block in blocks:
-        why = _attn_problem(block.attn)
-        if why is not None:
-            report.skipped.append(f"{type(model).__name__}: a {type(block).__name__}'s attention: {why}")
-            continue
-        patch(block.attn, processor=FluxKernelsAttnProcessor(block.attn.processor))
-        report.patched[ATTN_KIND] += 1
+    patch_processors(model, blocks, "attn", _attn_problem, FluxKernelsAttnProcessor, ATTN_KIND, report)

@@ -9,6 +9,8 @@
   :mod:`ltx_kernels._flux` (gated residuals, norm2 + modulation, the single blocks' GELU
   projection);
 - ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks (:mod:`ltx_kernels._sd3`);
+- ``WanTransformer3DModel`` (Wan 2.1 / 2.2): its blocks' norms + modulation, gated residuals
+  and self-attention RoPE (:mod:`ltx_kernels._wan`);
 - any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
   ...) -> ``adaln_layer_norm`` after the module's own modulation linear; diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
@@ -40,7 +42,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _diffusers_attention, _flux, _fp8, _sd3, ops
+from ltx_kernels import _diffusers_attention, _flux, _fp8, _sd3, _wan, ops
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
@@ -230,6 +232,7 @@ def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report
     from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
     from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
 
     fused: set[int] = set()
     for module in model.modules():
@@ -243,6 +246,9 @@ def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report
         elif isinstance(module, SD3Transformer2DModel):
             if not any(is_patched(block) for block in module.transformer_blocks):
                 _sd3.patch_sd3_model(module, report)
+        elif isinstance(module, WanTransformer3DModel):
+            if not any(is_patched(block) for block in module.blocks):
+                _wan.patch_wan_model(module, report)
     for name, module in model.named_modules():
         if id(module) in fused or is_patched(module):
             continue

@@ -52,6 +52,58 @@ def inject_quietly(model, **kwargs):
         return lkd.inject(model, **kwargs)
 
 
+def assert_bf16_no_worse_than_stock(reference, stock16, inputs, **inject_kwargs):
+    """An injected copy of the bf16 model ``stock16`` is no further from the fp32 ``reference``
+    than ``stock16`` itself (``inputs(dtype)``: the model's kwargs); returns the report."""
+    ours16 = copy.deepcopy(stock16)
+    report = inject_quietly(ours16, **inject_kwargs)
+    with torch.no_grad():
+        ref = reference(**inputs(torch.float32))[0]
+        err_stock = rel_err(stock16(**inputs(torch.bfloat16))[0], ref)
+        err_ours = rel_err(ours16(**inputs(torch.bfloat16))[0], ref)
+    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+    return report
+
+
+def assert_hooked_call_runs(stock, target, kwargs):
+    """A forward hook on ``target`` of an injected copy of ``stock`` sees its call (a fused
+    forward runs that part unfused) and the output stays stock's."""
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    seen = []
+    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    with torch.no_grad():
+        assert rel_err(model(**kwargs)[0], stock(**kwargs)[0]) < 1e-5
+    assert seen
+
+
+def assert_trains_like_stock(stock, kwargs):
+    """``stock`` and an injected copy in train mode: every patched module has a backward and each
+    parameter's gradient is stock's (None where stock's is, e.g. a last block's unused context)."""
+    stock.train().requires_grad_(True)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert any("every patched module has a backward" in n for n in report.notes), report.notes
+    stock(**kwargs)[0].square().mean().backward()
+    model(**kwargs)[0].square().mean().backward()
+    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
+        if p.grad is None:
+            assert q.grad is None, name
+            continue
+        assert q.grad is not None, name
+        assert rel_err(q.grad, p.grad) < 1e-4, name
+
+
+def assert_fp8_within_format_error(stock, kwargs):
+    """An FP8-injected copy of ``stock`` runs, within the format's error; returns the report."""
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model, precision="fp8")
+    with torch.no_grad():
+        err = rel_err(model(**kwargs)[0], stock(**kwargs)[0])
+    assert 0 < err < 5e-2, err
+    return report
+
+
 def test_fused_blocks_match_stock_fp32():
     stock = tiny_flux()
     model = copy.deepcopy(stock)
@@ -68,14 +120,7 @@ def test_bf16_is_as_close_to_fp32_as_stock_bf16():
     """Our bf16 model's error against stock fp32 is no worse than stock bf16's (we round once
     where stock rounds twice)."""
     reference = tiny_flux()
-    stock16 = copy.deepcopy(reference).to(torch.bfloat16)
-    ours16 = copy.deepcopy(stock16)
-    inject_quietly(ours16)
-    with torch.no_grad():
-        ref = reference(**flux_kwargs())[0]
-        err_stock = rel_err(stock16(**flux_kwargs(torch.bfloat16))[0], ref)
-        err_ours = rel_err(ours16(**flux_kwargs(torch.bfloat16))[0], ref)
-    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+    assert_bf16_no_worse_than_stock(reference, copy.deepcopy(reference).to(torch.bfloat16), flux_kwargs)
 
 
 @pytest.mark.parametrize("target", ["transformer_blocks.0.norm1", "transformer_blocks.0.norm2",
@@ -84,15 +129,7 @@ def test_bf16_is_as_close_to_fp32_as_stock_bf16():
 def test_hooks_on_fused_submodules_run(target):
     """A hook on a norm or projection that a fused forward reads in place sees its call (the
     fused forward runs that part unfused), and the output stays stock's."""
-    stock = tiny_flux()
-    model = copy.deepcopy(stock)
-    inject_quietly(model)
-    seen = []
-    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
-    with torch.no_grad():
-        out = model(**flux_kwargs())[0]
-        ref = stock(**flux_kwargs())[0]
-    assert seen and rel_err(out, ref) < 1e-5
+    assert_hooked_call_runs(tiny_flux(), target, flux_kwargs())
 
 
 def test_remove_restores_stock():
@@ -124,25 +161,12 @@ def test_compile_fullgraph():
 
 def test_trains_like_stock():
     """In train mode every patched module has a backward; gradients match stock's."""
-    stock = tiny_flux().train().requires_grad_(True)
-    model = copy.deepcopy(stock)
-    report = inject_quietly(model)
-    assert any("every patched module has a backward" in n for n in report.notes), report.notes
-    stock(**flux_kwargs())[0].square().mean().backward()
-    model(**flux_kwargs())[0].square().mean().backward()
-    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
-        assert q.grad is not None, name
-        assert rel_err(q.grad, p.grad) < 1e-4, name
+    assert_trains_like_stock(tiny_flux(), flux_kwargs())
 
 
 def test_fp8_runs_within_the_format_error():
-    stock = tiny_flux()
-    model = copy.deepcopy(stock)
-    report = inject_quietly(model, precision="fp8")
+    report = assert_fp8_within_format_error(tiny_flux(), flux_kwargs())
     assert report.patched[_flux.BLOCK_KIND] == 2
-    with torch.no_grad():
-        err = rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0])
-    assert 0 < err < 5e-2, err
 
 
 def test_benchmark_inputs_run_on_the_tiny_config():

@@ -15,7 +15,12 @@ from diffusers import SD3Transformer2DModel  # noqa: E402
 import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels import _sd3  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
-from test_diffusers_flux import inject_quietly  # noqa: E402
+from test_diffusers_flux import (  # noqa: E402
+    assert_bf16_no_worse_than_stock,
+    assert_hooked_call_runs,
+    assert_trains_like_stock,
+    inject_quietly,
+)
 
 
 def tiny_sd3(dual=False, seed=0):
@@ -52,28 +57,14 @@ def test_joint_blocks_match_stock(dual):
 
 def test_bf16_is_as_close_to_fp32_as_stock_bf16():
     reference = tiny_sd3(dual=True)
-    stock16 = copy.deepcopy(reference).to(torch.bfloat16)
-    ours16 = copy.deepcopy(stock16)
-    inject_quietly(ours16)
-    with torch.no_grad():
-        ref = reference(**sd3_kwargs())[0]
-        err_stock = rel_err(stock16(**sd3_kwargs(torch.bfloat16))[0], ref)
-        err_ours = rel_err(ours16(**sd3_kwargs(torch.bfloat16))[0], ref)
-    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+    assert_bf16_no_worse_than_stock(reference, copy.deepcopy(reference).to(torch.bfloat16), sd3_kwargs)
 
 
 @pytest.mark.parametrize("target", ["transformer_blocks.0.norm2", "transformer_blocks.0.norm2_context",
                                     "transformer_blocks.1.norm2", "transformer_blocks.0.ff",
                                     "transformer_blocks.0.attn2"])
 def test_hooks_on_fused_submodules_run(target):
-    stock = tiny_sd3(dual=True)
-    model = copy.deepcopy(stock)
-    inject_quietly(model)
-    seen = []
-    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
-    with torch.no_grad():
-        assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
-    assert seen
+    assert_hooked_call_runs(tiny_sd3(dual=True), target, sd3_kwargs())
 
 
 def test_feed_forward_chunking_stays_stock_and_is_reported():
@@ -94,13 +85,4 @@ def test_remove_compile_and_training():
         assert rel_err(compiled(**sd3_kwargs())[0], model(**sd3_kwargs())[0]) < 1e-6
     assert lkd.remove(model) > 0 and not any(is_patched(m) for m in model.modules())
 
-    stock.train().requires_grad_(True)
-    model = copy.deepcopy(stock)
-    inject_quietly(model)
-    stock(**sd3_kwargs())[0].square().mean().backward()
-    model(**sd3_kwargs())[0].square().mean().backward()
-    for (name, p), q in zip(stock.named_parameters(), model.parameters()):
-        if p.grad is None:  # unused by stock too (e.g. the last block's context projections)
-            assert q.grad is None, name
-            continue
-        assert rel_err(q.grad, p.grad) < 1e-4, name
+    assert_trains_like_stock(stock, sd3_kwargs())

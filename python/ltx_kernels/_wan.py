@@ -1,0 +1,143 @@
+"""Wan 2.1 / 2.2 (diffusers' ``WanTransformer3DModel``): its ``WanTransformerBlock``s and their
+self-attention's RoPE on our ops.
+
+Per block (stock computes each norm and residual in fp32 and rounds the result to the model's
+dtype; so do the ops, in one pass each):
+
+- ``norm1`` (an ``FP32LayerNorm`` without affine) + the ``scale_shift_table`` modulation: one
+  ``adaln_layer_norm``; likewise ``norm3`` + its modulation before the feed-forward;
+- ``x + attn1 * gate`` and ``x + ffn * gate``: one ``gated_residual`` each;
+- ``norm2`` before the cross-attention (``cross_attn_norm``: an affine ``FP32LayerNorm``):
+  ``layer_norm`` when its weights have the activations' dtype (a 16-bit model loaded with
+  diffusers' ``_keep_in_fp32_modules`` keeps them fp32: that norm then computes as stock);
+- attn1's processor (the stock ``WanAttnProcessor`` only): ours, the same steps with the RoPE
+  of q and k as one ``apply_rotary_pos_emb`` (interleaved pairs, the model's ``[S, head_dim]``
+  tables read as they are: ``WanRotaryPosEmbed``'s, whose pairs share one angle) instead of
+  stock's several strided passes for each; tables of another shape get the stock steps.
+
+The modulation (``scale_shift_table + temb``, per sample ``[B, 6, D]`` or per token
+``[B, S, 6, D]`` for Wan 2.2 TI2V) is formed in fp32 as stock, then rounded to the
+activations' dtype for the ops, which take one dtype (a no-op for an fp32 model; in bf16 the
+tests check the output against fp32 is no worse than stock bf16's).
+
+Stays stock: the cross-attention (attn2, with its image-to-video added K/V when present:
+its processor is unchanged), ``x + attn2`` (one add either way), the condition embedder and
+the model's output norm (``norm_out``, in the model forward). QK RMSNorms (``torch.nn.RMSNorm``
+across heads) and the feed-forward's GELU-tanh projection are patched by class, as in any
+model. Submodules are called as modules, so hooks, LoRA and FP8 linears apply; a norm with
+hooks runs unfused (``call_fused``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import ops
+from ._flux import patch_blocks, patch_processors
+from ._patching import ProcessorOverStock, call_fused
+
+BLOCK_KIND = "WanTransformerBlock (adaln_layer_norm, layer_norm, gated_residual)"
+ATTN_KIND = "WanAttention self-attention RoPE (apply_rotary_pos_emb)"
+
+
+class WanKernelsAttnProcessor(ProcessorOverStock):
+    """diffusers' ``WanAttnProcessor`` for a self-attention (no added K/V projections) with q's
+    and k's RoPE in one ``apply_rotary_pos_emb``."""
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
+                 attention_mask=None, rotary_emb=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+        cos, sin = rotary_emb if rotary_emb is not None else (None, None)
+        if cos is None or not (cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[2] == 1):
+            # No RoPE, or tables not of WanRotaryPosEmbed's [1, S, 1, head_dim] shape: stock's steps
+            return self._stock(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+        query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+        key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        query, key = ops.apply_rotary_pos_emb(query, key, cos[0, :, 0], sin[0, :, 0], interleaved=True,
+                                              unsqueeze_dim=2)
+        hidden_states = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config if encoder_hidden_states is None else None,
+        )
+        hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Stock ``(norm(x.float()) * (1 + scale) + shift).type_as(x)`` (``norm`` an FP32LayerNorm
+    without affine; fp32 ``scale`` / ``shift`` per sample ``[B, 1, D]`` or per token) in one pass."""
+    return call_fused(
+        (norm,),
+        lambda: ops.adaln_layer_norm(x, scale.to(x.dtype), shift.to(x.dtype), None, None, norm.eps),
+        lambda: (norm(x.float()) * (1 + scale) + shift).type_as(x),
+    )
+
+
+def _cross_attn_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Stock ``norm(x.float()).type_as(x)``: one ``layer_norm`` pass when the weights have x's dtype."""
+    if type(norm) is nn.Identity:
+        return norm(x)
+
+    def fused():
+        params = [p for p in (norm.weight, norm.bias) if p is not None]
+        if any(p.dtype != x.dtype for p in params):  # fp32-kept weights of a 16-bit model
+            return type(norm).forward(norm, x.float()).type_as(x)
+        return ops.layer_norm(x, norm.weight, norm.bias, norm.eps)
+
+    return call_fused((norm,), fused, lambda: norm(x.float()).type_as(x))
+
+
+def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                   temb: torch.Tensor, rotary_emb=None) -> torch.Tensor:
+    if temb.ndim == 4:  # Wan 2.2 TI2V: [B, S, 6, D], per token
+        modulation = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(2)
+    else:  # [B, 6, D], per sample
+        modulation = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation
+    dtype = hidden_states.dtype
+
+    attn_output = self.attn1(_modulate(self.norm1, hidden_states, scale_msa, shift_msa), None, None, rotary_emb)
+    hidden_states = ops.gated_residual(hidden_states, attn_output.to(dtype), gate_msa.to(dtype))
+
+    attn_output = self.attn2(_cross_attn_norm(self.norm2, hidden_states), encoder_hidden_states, None, None)
+    hidden_states = hidden_states + attn_output
+
+    ff_output = self.ffn(_modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa))
+    return ops.gated_residual(hidden_states, ff_output.to(dtype), c_gate_msa.to(dtype))
+
+
+def _plain_fp32_layer_norm(norm: nn.Module, affine: bool) -> bool:
+    from diffusers.models.normalization import FP32LayerNorm
+
+    return (type(norm) is FP32LayerNorm and len(norm.normalized_shape) == 1
+            and (affine or (norm.weight is None and norm.bias is None)))
+
+
+def _block_problem(block: nn.Module) -> str | None:
+    if not (_plain_fp32_layer_norm(block.norm1, False) and _plain_fp32_layer_norm(block.norm3, False)):
+        return "norm1 / norm3 are not FP32LayerNorms without affine"
+    if not (type(block.norm2) is nn.Identity or _plain_fp32_layer_norm(block.norm2, True)):
+        return f"norm2 is {type(block.norm2).__name__}, not an FP32LayerNorm or Identity"
+    return None
+
+
+def _attn_problem(attn: nn.Module) -> str | None:
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    if type(attn.processor) is not WanAttnProcessor:
+        return f"its processor is {type(attn.processor).__name__} (RoPE and attention stay its own)"
+    if attn.add_k_proj is not None:
+        return "it has added K/V projections (image-to-video), which the stock processor handles"
+    return None
+
+
+def patch_wan_model(model: nn.Module, report) -> None:
+    """Patches ``model``'s blocks and their self-attention processors (attn1)."""
+    blocks = patch_blocks(model, "blocks", _block_forward, _block_problem, BLOCK_KIND, report)
+    patch_processors(model, blocks, "attn1", _attn_problem, WanKernelsAttnProcessor, ATTN_KIND, report)
