@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import _fp8, ops
+from . import ops
+from ._forwards import linear_gelu_tanh
 from ._patching import ProcessorOverStock, call_fused, patch
 
 ADALN_KIND = "AdaLayerNormZero (adaln_layer_norm)"
@@ -150,19 +151,9 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    proj = self.proj_mlp
-
-    def mlp_unfused():
-        return self.act_mlp(proj(norm_hidden_states))
-
-    # A LoRA-wrapped, FP8 or library-owned projection runs as itself (call_fused).
-    if type(proj) is nn.Linear and proj.bias is not None and not _fp8.is_quantized(proj):
-        mlp_hidden_states = call_fused(
-            (proj, self.act_mlp), lambda: ops.linear_gelu_tanh(norm_hidden_states, proj.weight, proj.bias), mlp_unfused
-        )
-    else:
-        _fp8.check_adapters((proj,))
-        mlp_hidden_states = mlp_unfused()
+    # A LoRA-wrapped, FP8 or library-owned projection runs as itself, then act_mlp.
+    mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states,
+                                         lambda: self.act_mlp(self.proj_mlp(norm_hidden_states)), (self.act_mlp,))
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
                             **(joint_attention_kwargs or {}))
     hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)

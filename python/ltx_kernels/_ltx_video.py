@@ -37,23 +37,24 @@ _MODEL_ARGS = [
 
 
 class LtxRopePositions(NamedTuple):
-    """What the patched model passes to its blocks as ``image_rotary_emb``: the token
-    positions of ``LTXVideoRotaryPosEmbed`` instead of its ``[B, S, D]`` cos/sin tables."""
+    """What the patched model passes to its blocks as ``image_rotary_emb`` instead of the
+    ``[B, S, D]`` cos/sin tables of ``LTXVideoRotaryPosEmbed``: the token positions, as the
+    keyword arguments of :func:`ltx_kernels.ltx_rope_angles` / :func:`ltx_kernels.ltx_qk_norm_rope`
+    (grid sizes or ``video_coords``, ``rope_interpolation_scale``, the rotary module's bases,
+    patch sizes and theta), which compute its angles in the kernel."""
 
-    grid: list[int]
-    axis_scale: list[float]
-    video_coords: torch.Tensor | None
-    theta: float
+    kwargs: dict[str, Any]
 
 
 def rope_positions(
     rope: nn.Module, num_frames, height, width, rope_interpolation_scale, video_coords
 ) -> LtxRopePositions:
-    grid, axis_scale = ops._ltx_positions(
-        num_frames, height, width, rope_interpolation_scale, video_coords,
-        rope.base_num_frames, rope.base_height, rope.base_width, rope.patch_size, rope.patch_size_t,
-    )
-    return LtxRopePositions(grid, axis_scale, video_coords, float(rope.theta))
+    return LtxRopePositions(dict(
+        num_frames=num_frames, height=height, width=width, rope_interpolation_scale=rope_interpolation_scale,
+        video_coords=video_coords, theta=float(rope.theta), base_num_frames=rope.base_num_frames,
+        base_height=rope.base_height, base_width=rope.base_width, patch_size=rope.patch_size,
+        patch_size_t=rope.patch_size_t,
+    ))
 
 
 class LtxKernelsAttnProcessor(ProcessorOverStock):
@@ -111,10 +112,7 @@ def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotar
     """norm_q / norm_k (read in place) and the RoPE: one launch with positions."""
     eps = attn.norm_q.eps
     if isinstance(rotary, LtxRopePositions):
-        return torch.ops.ltx_kernels.ltx_qk_norm_rope(
-            query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
-            rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta,
-        )
+        return ops.ltx_qk_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight, eps, **rotary.kwargs)
     query = ops.rms_norm(query, attn.norm_q.weight, eps)
     key = ops.rms_norm(key, attn.norm_k.weight, attn.norm_k.eps)
     return _rope(query, key, rotary)
@@ -127,10 +125,7 @@ def _rope(query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
     if rotary is None:
         return query, key
     if isinstance(rotary, LtxRopePositions):
-        return tuple(
-            torch.ops.ltx_kernels.ltx_rope_angles(x, rotary.grid, rotary.axis_scale, rotary.video_coords, rotary.theta)
-            for x in (query, key)
-        )
+        return tuple(ops.ltx_rope_angles(x, **rotary.kwargs) for x in (query, key))
     return ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
 
 

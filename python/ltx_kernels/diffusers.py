@@ -28,8 +28,10 @@ diffusers' hooks (``enable_cache`` with any cache config, ``enable_layerwise_cas
 ``enable_group_offload``) and ``enable_model_cpu_offload()`` /
 ``enable_sequential_cpu_offload()`` (see :mod:`ltx_kernels._patching`), and trace without
 graph breaks under ``torch.compile(fullgraph=True)`` and ``compile_repeated_blocks``.
-A norm whose input dtype differs from its weight's (mixed-precision setups) computes that call
-with the stock forward, as the fused op is defined for one dtype.
+The norms and the GELU-tanh projection run the forwards of :mod:`ltx_kernels._forwards`, the
+same as the Kernels Hub layers': a norm whose input dtype differs from its weight's
+(mixed-precision setups) computes that call with the stock forward, as the fused op takes one
+dtype for both.
 """
 
 from __future__ import annotations
@@ -43,12 +45,11 @@ import torch
 from torch import nn
 
 from ltx_kernels import _diffusers_attention, _flux, _fp8, _sd3, _wan, ops
+from ltx_kernels._forwards import linear_gelu_tanh_forward, rms_norm_forward
 from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
-    call_fused,
     is_library_owned,
-    is_library_tensor,
     is_patched,
     library_owned_modules,
     patch,
@@ -58,30 +59,6 @@ from ltx_kernels._patching import (
 
 # Our attention backends join diffusers' dispatcher on import (False without diffusers).
 _ATTENTION_REGISTERED = _diffusers_attention.register()
-
-
-def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    weight = self.weight
-    if weight is not None and (weight.dtype != hidden_states.dtype or is_library_tensor(weight)):
-        return type(self).forward(self, hidden_states)
-    eps = self.eps if self.eps is not None else torch.finfo(hidden_states.dtype).eps
-    if hidden_states.stride(-1) != 1:  # e.g. a channels-last view in a VAE
-        hidden_states = hidden_states.contiguous()
-    return ops.rms_norm(hidden_states, weight, eps)
-
-
-def _gelu_tanh_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    proj = self.proj
-
-    def unfused():  # the projection called as a module, then the GELU
-        return ops.gelu_tanh(proj(hidden_states))
-
-    # A LoRA-wrapped or FP8 projection runs as itself; so does one with a library's weight
-    # (torchao's quantized tensors: call_fused). A LoRA added around an FP8 one raises.
-    _fp8.check_adapters((proj,))
-    if type(proj) is not nn.Linear or proj.bias is None or _fp8.is_quantized(proj):
-        return unfused()
-    return call_fused((proj,), lambda: ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias), unfused)
 
 
 def _geglu_forward(self: nn.Module, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -109,15 +86,15 @@ def _generic_patch(module: nn.Module):
     if isinstance(module, RMSNorm):
         if module.bias is not None:
             return None, "diffusers RMSNorm with bias (no fused op for the bias)"
-        return "RMSNorm (rms_norm)", _rms_norm_forward
+        return "RMSNorm (rms_norm)", rms_norm_forward
     if isinstance(module, nn.RMSNorm):
         if len(module.normalized_shape) != 1:
             return None, f"torch.nn.RMSNorm over {tuple(module.normalized_shape)} (last dim only)"
-        return "torch.nn.RMSNorm (rms_norm)", _rms_norm_forward
+        return "torch.nn.RMSNorm (rms_norm)", rms_norm_forward
     if type(module) is GELU:
         if module.approximate != "tanh":
             return None  # exact-erf GELU alone: torch's kernel is already at bandwidth
-        return "GELU tanh (linear_gelu_tanh)", _gelu_tanh_forward
+        return "GELU tanh (linear_gelu_tanh)", linear_gelu_tanh_forward
     if type(module) is GEGLU:
         return "GEGLU (gelu_and_mul)", _geglu_forward
     if type(module) is SwiGLU:

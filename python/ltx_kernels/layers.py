@@ -11,9 +11,10 @@ package can swap them in with ``kernelize`` (from a Hub or local export of this 
 breaks. ``has_backward = True``: every op these layers call has a backward (registered
 ``<op>_backward`` ops; tests/python/test_backward.py), so ``kernelize`` may use them for training.
 
-Mixed dtypes (a weight kept in fp32 under a bf16 model) compute what the stock module
-computes, dtype promotion included; matching dtypes run one fused op (fp32 math, one
-rounding), no further from fp32 than the stock forward.
+The norms and ``LinearGeluTanh`` run the forwards that ``ltx_kernels.diffusers.inject`` and
+``ltx_kernels.transformers.apply`` patch the same modules with (:mod:`ltx_kernels._forwards`):
+matching dtypes run one fused op (fp32 math, one rounding), no further from fp32 than the stock
+forward; a weight in another dtype than the input runs the module's own forward for that call.
 """
 
 from __future__ import annotations
@@ -21,36 +22,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def eps_of(module: nn.Module) -> float:
-    """The module's epsilon, checked: a layer's scalar comes from the module whose forward it
-    replaces, so the message names that module's class and attribute."""
-    for name in ("variance_epsilon", "eps"):
-        value = getattr(module, name, None)
-        if value is not None:
-            return ops._real(type(module).__name__, name, value, minimum=0.0)
-    raise AttributeError(f"{type(module).__name__} has neither `variance_epsilon` nor `eps`")
+from . import _forwards, ops
 
 
 class RMSNorm(nn.Module):
-    """transformers' RMSNorm (Llama, Mistral, Qwen2/3, ...): ``weight * rms_norm(x)``.
-
-    Mixed dtypes: like Llama, the normalized ``x`` is rounded to its dtype, then multiplied by
-    ``weight`` with type promotion.
-    """
+    """transformers' RMSNorm (Llama, Mistral, Qwen2/3, ...): ``rms_norm(x, weight, eps)``."""
 
     can_torch_compile = True
     has_backward = True
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if weight.dtype != hidden_states.dtype:
-            return weight * ops.rms_norm(hidden_states, None, eps_of(self))
-        return ops.rms_norm(hidden_states, weight, eps_of(self))
+    forward = _forwards.rms_norm_forward
 
 
 class GemmaRMSNorm(nn.Module):
@@ -58,31 +38,15 @@ class GemmaRMSNorm(nn.Module):
 
     can_torch_compile = True
     has_backward = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
-        if weight.dtype != x.dtype:
-            return ops.rms_norm(x.float(), weight.float(), eps_of(self), weight_offset=1.0).to(x.dtype)
-        return ops.rms_norm(x, weight, eps_of(self), weight_offset=1.0)
+    forward = _forwards.gemma_rms_norm_forward
 
 
 class DiffusersRMSNorm(nn.Module):
-    """diffusers' RMSNorm: optional ``weight`` (``elementwise_affine=False`` has none) and ``bias``.
-
-    Mixed dtypes: like diffusers, the output takes a half-precision weight's dtype, else fp32.
-    """
+    """diffusers' RMSNorm: optional ``weight`` (``elementwise_affine=False`` has none) and ``bias``."""
 
     can_torch_compile = True
     has_backward = True
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight, bias, eps = self.weight, getattr(self, "bias", None), eps_of(self)
-        if weight is not None and weight.dtype != hidden_states.dtype:
-            out_dtype = weight.dtype if weight.dtype in _HALF else torch.float32
-            out = ops.rms_norm(hidden_states.float(), weight.float(), eps).to(out_dtype)
-        else:
-            out = ops.rms_norm(hidden_states, weight, eps)
-        return out if bias is None else out + bias
+    forward = _forwards.rms_norm_forward
 
 
 class SiluAndMul(nn.Module):
@@ -134,9 +98,4 @@ class LinearGeluTanh(nn.Module):
 
     can_torch_compile = True
     has_backward = True
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        proj = self.proj
-        if proj.bias is None or proj.weight.dtype != hidden_states.dtype:
-            return ops.gelu_tanh(proj(hidden_states))
-        return ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias)
+    forward = _forwards.linear_gelu_tanh_forward

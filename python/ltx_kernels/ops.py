@@ -611,17 +611,18 @@ def ltx_qk_norm_rope(
 
 
 # Names of the original ltx_kernels package, kept so code written against it keeps working.
+# Each takes the defaults of the function it stands for (one default per op, the op schema's).
 
 
-def rmsnorm(input: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
-    """Old name of :func:`rms_norm`."""
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Old name of :func:`rms_norm`, with its defaults."""
     return rms_norm(input, weight, _eps("rmsnorm", eps))
 
 
 def rmsnorm_residual(
-    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6
+    input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Old name of :func:`fused_add_rms_norm`: returns ``(out, residual_out)``."""
+    """Old name of :func:`fused_add_rms_norm`, with its defaults: returns ``(out, residual_out)``."""
     return fused_add_rms_norm(input, residual, weight, _eps("rmsnorm_residual", eps))
 
 
@@ -658,11 +659,16 @@ def adaln_layernorm(
     scale: torch.Tensor,
     shift: torch.Tensor,
     bias: torch.Tensor | None = None,
-    eps: float = 1e-5,
+    eps: float = 1e-6,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Old name: ``(layer_norm(input) * weight + bias) * (1 + scale) + shift``
-    (:func:`adaln_layer_norm`); ``[B, D]`` modulation accepted as in :func:`adaln_rmsnorm`."""
+    (:func:`adaln_layer_norm`); ``[B, D]`` modulation accepted as in :func:`adaln_rmsnorm`.
+
+    ``eps`` defaults to 1e-6, :func:`adaln_layer_norm`'s and its op schema's (the eps of
+    diffusers' AdaLN norms), so both names compute the same by default; the original package
+    defaulted to 1e-5 here (pass ``eps=1e-5`` for that; the two differ by ~1e-5 relative for
+    unit-variance rows)."""
     result = adaln_layer_norm(
         input, _per_batch(scale, input), _per_batch(shift, input), weight, bias, _eps("adaln_layernorm", eps)
     )

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels.layers import eps_of
+from ltx_kernels._forwards import eps_of, gemma_rms_norm_forward, rms_norm_forward
 from ltx_kernels._patching import Report, call_fused, is_patched, patch, runs_unhooked, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
@@ -50,6 +50,8 @@ SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
 # Gemma's RMSNorm scales by (1 + weight) in fp32 and rounds once.
 _WEIGHT_OFFSET = {"gemma": 1.0}
+# The norm forward for each weight_offset (the one the Kernels Hub layers run too).
+_NORM_FORWARDS = {0.0: rms_norm_forward, 1.0: gemma_rms_norm_forward}
 
 _GATED_ACTIVATIONS: dict[str, Callable] = {
     "silu": ops.silu_and_mul,
@@ -79,15 +81,8 @@ def check_version(version: str | None = None) -> None:
 
 
 # Forwards installed on module instances. Each reads the module's own attributes, as the stock
-# forward does, so `.to()`, offload hooks and weight updates keep working.
-
-
-def _norm(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # Mixed precision (weight kept in fp32 under a bf16 model): stock promotes the output to
-    # the weight's dtype; our op is defined for one dtype, so that call runs stock.
-    if self.weight.dtype != x.dtype:
-        return type(self).forward(self, x)
-    return ops.rms_norm(x, self.weight, self._ltx_eps, weight_offset=self._ltx_weight_offset)
+# forward does, so `.to()`, offload hooks and weight updates keep working. The norms run
+# ltx_kernels._forwards' (a weight in another dtype than the input runs stock for that call).
 
 
 def _decoder_layer_forward(
@@ -102,6 +97,7 @@ def _decoder_layer_forward(
 ) -> torch.Tensor:
     residual = hidden_states
     dtype = hidden_states.dtype
+    offset = self._ltx_weight_offset
     # Under FP8, a norm whose consumers are all our FP8 linears (q/k/v; gate/up) writes its
     # output quantized: one pass, no dtype copy.
     norm = self.input_layernorm
@@ -110,7 +106,7 @@ def _decoder_layer_forward(
         hidden_states = call_fused(
             (norm,),
             lambda: _fp8.Quantized(
-                *ops.rms_norm_fp8(x, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset), dtype),
+                *ops.rms_norm_fp8(x, norm.weight, eps_of(norm), weight_offset=offset), dtype),
             lambda: _fp8.Quantized(*ops.quantize_fp8(norm(x)), dtype),
         )
     else:
@@ -139,9 +135,7 @@ def _decoder_layer_forward(
 
         q, scale, residual = call_fused(
             (norm,),
-            lambda: ops.fused_add_rms_norm_fp8(
-                attn_output, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
-            ),
+            lambda: ops.fused_add_rms_norm_fp8(attn_output, residual, norm.weight, eps_of(norm), weight_offset=offset),
             unfused_fp8,
         )
         hidden_states = _fp8.Quantized(q, scale, attn_output.dtype)
@@ -150,9 +144,7 @@ def _decoder_layer_forward(
         # hooks load it from the meta device: device_map offload, cpu_offload).
         hidden_states, residual = call_fused(
             (norm,),
-            lambda: ops.fused_add_rms_norm(
-                attn_output, residual, norm.weight, norm._ltx_eps, weight_offset=norm._ltx_weight_offset
-            ),
+            lambda: ops.fused_add_rms_norm(attn_output, residual, norm.weight, eps_of(norm), weight_offset=offset),
             unfused,
         )
     else:
@@ -227,10 +219,6 @@ def _sliding_window_of_layer(attention: nn.Module) -> int | None:
 # Patching.
 
 
-def _patch_norm(module: nn.Module, weight_offset: float) -> None:
-    patch(module, _norm, _ltx_eps=eps_of(module), _ltx_weight_offset=weight_offset)
-
-
 def _probe_norm(module: nn.Module) -> float | str:
     """The ``weight_offset`` with which ``rms_norm`` computes what ``module``'s own forward
     computes on a random fp32 input, or why none does."""
@@ -267,14 +255,14 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
     for name, module in model.named_modules():
         kind = next((k for k, cls in classes.items() if type(module) is cls), None)
         if kind == "RMSNorm":
-            _patch_norm(module, offset)
+            patch(module, _NORM_FORWARDS[offset])
             report.patched["RMSNorm (rms_norm)"] += 1
         elif kind == "DecoderLayer":
             norms = (module.input_layernorm, module.post_attention_layernorm)
             if not all(type(n) is classes["RMSNorm"] for n in norms):
                 report.skipped.append(f"{name}: decoder layer norms are not {prefix}RMSNorm")
                 continue
-            patch(module, _decoder_layer_forward)
+            patch(module, _decoder_layer_forward, _ltx_weight_offset=offset)
             report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] += 1
         elif kind == "MLP":
             if activation is None:
@@ -305,7 +293,7 @@ def _patch_norms_by_class_name(model: nn.Module, model_type: str, report: Report
         if isinstance(found, str):
             report.skipped.append(f"{name} ({type(module).__name__}): {found}")
             continue
-        _patch_norm(module, found)
+        patch(module, _NORM_FORWARDS[found])
         report.patched["RMSNorm (rms_norm)"] += 1
 
 

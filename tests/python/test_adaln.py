@@ -144,6 +144,25 @@ def test_bad_modulation_names_the_argument(device):
             call()
 
 
+@pytest.mark.parametrize("old, new", [
+    (ltx_kernels.rmsnorm, ltx_kernels.rms_norm),
+    (ltx_kernels.rmsnorm_residual, ltx_kernels.fused_add_rms_norm),
+    (ltx_kernels.adaln_rmsnorm, ltx_kernels.adaln_rms_norm),
+    (ltx_kernels.adaln_layernorm, ltx_kernels.adaln_layer_norm),
+], ids=lambda f: f.__name__)
+def test_old_names_take_the_defaults_of_the_function_they_alias(old, new):
+    """Each argument the two share (by name) has one default (the old names' ``weight``
+    before ``scale`` is positional, so it has none there)."""
+    import inspect
+
+    old_params, new_params = (inspect.signature(f).parameters for f in (old, new))
+    shared = {name for name in set(old_params) & set(new_params)
+              if old_params[name].default is not inspect.Parameter.empty}
+    assert "eps" in shared
+    for name in shared:
+        assert old_params[name].default == new_params[name].default, name
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_old_names(device, dtype):
@@ -157,7 +176,7 @@ def test_old_names(device, dtype):
     sc, sh, g = scale[:, None].double(), shift[:, None].double(), gate[:, None].double()
     rms = rms_norm_formula(x, w)
     assert_close(ltx_kernels.adaln_rmsnorm(x, w, scale, shift), rms * (1 + sc) + sh, dtype)
-    ln = F.layer_norm(x.double(), (d,), w.double(), bias.double(), 1e-5)
+    ln = F.layer_norm(x.double(), (d,), w.double(), bias.double(), 1e-6)  # adaln_layer_norm's default
     assert_close(ltx_kernels.adaln_layernorm(x, w, scale, shift, bias), ln * (1 + sc) + sh, dtype)
     out = torch.full_like(x, float("nan"))
     assert ltx_kernels.adaln_zero(x, w, scale, shift, gate, out=out) is out

@@ -144,3 +144,37 @@ def test_missing_epsilon_is_named():
     module.weight = nn.Parameter(torch.ones(D))
     with pytest.raises(AttributeError, match="neither `variance_epsilon` nor `eps`"):
         layers.RMSNorm.forward(module, torch.randn(2, D))
+
+
+def test_integrations_and_layers_patch_each_module_kind_with_one_forward():
+    """diffusers' RMSNorm (inject), transformers' RMSNorm (apply) and the hub layers run the
+    same function, and so do diffusers' GELU-tanh and the LinearGeluTanh layer."""
+    import warnings
+
+    import ltx_kernels.diffusers as lkd
+    import ltx_kernels.transformers as lt
+    from test_transformers_integration import tiny_model
+
+    diffusers_modules = nn.ModuleList([DiffusersRMSNorm(D, eps=1e-6), DiffusersGELU(D, 2 * D, approximate="tanh")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lkd.inject(diffusers_modules)
+        llama = tiny_model("llama")
+        lt.apply(llama)
+        gemma = tiny_model("gemma")
+        lt.apply(gemma)
+    diffusers_norm, gelu = diffusers_modules
+    assert diffusers_norm.forward.__func__ is llama.model.norm.forward.__func__ is layers.RMSNorm.forward
+    assert layers.DiffusersRMSNorm.forward is layers.RMSNorm.forward
+    assert gemma.model.norm.forward.__func__ is layers.GemmaRMSNorm.forward
+    assert gelu.forward.__func__ is layers.LinearGeluTanh.forward
+
+
+@pytest.mark.parametrize("layer", [layers.RMSNorm, layers.DiffusersRMSNorm], ids=lambda c: c.__name__)
+def test_norm_reads_eps_at_call_time(layer):
+    stock = random_stock(layer, "cpu", torch.float32)
+    swapped(stock, layer)
+    x = torch.randn(4, D)
+    name = "variance_epsilon" if hasattr(stock, "variance_epsilon") else "eps"
+    setattr(stock, name, 0.5)
+    assert_close(stock(x), rms_norm_formula(x, stock.weight, 0.5), torch.float32)

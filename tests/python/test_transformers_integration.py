@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache  # noqa: E402
 
 import ltx_kernels.transformers as lt  # noqa: E402
+from ltx_kernels import _forwards  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
 
@@ -176,7 +177,8 @@ def test_unknown_architecture_patches_only_checked_norms(model_type, offset):
     assert set(report.patched) == {"RMSNorm (rms_norm)"}
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     assert report.patched["RMSNorm (rms_norm)"] == len(norms) > 0
-    assert all(m._ltx_weight_offset == offset for m in norms)
+    forward = {0.0: _forwards.rms_norm_forward, 1.0: _forwards.gemma_rms_norm_forward}[offset]
+    assert all(m.forward.__func__ is forward for m in norms)
     assert rel(logits(model, ids, mask), stock, mask) < 1e-5
 
 
@@ -225,6 +227,21 @@ def test_autocast_no_worse_than_stock(device):
         lt.apply(model)
         patched = logits(model, ids, mask)
     assert rel(patched, reference, mask) <= 1.1 * rel(stock, reference, mask)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma"])
+def test_norm_eps_is_read_at_call_time(model_type):
+    """A norm's eps changed after apply is the one the patched norms (alone and fused with the
+    residual add) use, as the stock forward reads it."""
+    stock = tiny_model(model_type)
+    patched = tiny_model(model_type)
+    lt.apply(patched)
+    for model in (stock, patched):
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                setattr(module, "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps", 0.5)
+    ids, mask = prompt()
+    torch.testing.assert_close(logits(patched, ids, mask), logits(stock, ids, mask), rtol=1e-4, atol=1e-4)
 
 
 def test_version_check():
