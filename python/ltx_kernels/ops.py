@@ -198,6 +198,30 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
+def fused_linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """``cross_entropy(x @ weight.T + bias, target, ignore_index=ignore_index,
+    reduction=reduction)`` without materializing the ``[tokens, vocab]`` logits: an LLM head's
+    loss, computed over chunks of tokens whose fp32 logits are about the size of ``x``.
+    ``x`` is ``[..., hidden]``, ``weight`` ``[vocab, hidden]`` and ``bias`` ``[vocab]`` in one
+    dtype, ``target`` int64 of ``x.shape[:-1]``; returns an fp32 loss (``reduction="none"``:
+    one per token, 0 where ignored; ``"mean"`` averages over the targets not ignored, NaN when
+    all are, as torch). Logits and softmax in fp32, never rounded to ``x``'s dtype. The
+    backward recomputes each chunk's logits (four head GEMMs per training step, stock runs
+    three) and accumulates the weight gradient in fp32 (``vocab x hidden x 4`` bytes)."""
+    fn = "fused_linear_cross_entropy"
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    reduction = _choice(fn, "reduction", reduction, ("mean", "sum", "none"))
+    return _ops.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
+
+
 # FP8 linear path: e4m3 operands with one fp32 scale per row.
 
 

@@ -1,0 +1,148 @@
+"""fused_linear_cross_entropy against the PyTorch formula in fp64 (loss and gradients), stock
+16-bit numerics, chunking, ignore_index, layouts, bad input, opcheck and torch.compile."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ltx_kernels
+from conftest import DEVICES, DTYPES, assert_close
+from test_backward import check_grads
+
+ops = torch.ops.ltx_kernels
+
+
+def formula(x, weight, target, bias=None, ignore_index=-100, reduction="mean"):
+    logits = F.linear(x, weight, bias)
+    return F.cross_entropy(logits.reshape(-1, weight.shape[0]), target.reshape(-1), ignore_index=ignore_index,
+                           reduction=reduction).reshape(target.shape if reduction == "none" else ())
+
+
+def make(rows, hidden, vocab, dtype, device, ignored=0.25, bias=True, lead=()):
+    x = torch.randn(*lead, rows, hidden, dtype=dtype, device=device)
+    weight = (torch.randn(vocab, hidden, device=device) / hidden**0.5).to(dtype)
+    b = torch.randn(vocab, dtype=dtype, device=device) if bias else None
+    target = torch.randint(0, vocab, (*lead, rows), device=device)
+    keep = torch.rand(target.shape, device=device) >= ignored
+    if ignored < 1.0 and target.numel():
+        keep.view(-1)[0] = True  # at least one target counts (a mean over none is NaN)
+    return x, weight, target.where(keep, -100), b
+
+
+# (rows, hidden, vocab): one class, odd sizes, vocab > hidden (several chunks: the chunk holds
+# about rows * hidden / vocab rows) and vocab < hidden (one chunk).
+SHAPES = [(1, 8, 1), (7, 3, 5), (67, 16, 1000), (130, 64, 257), (33, 96, 40)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_matches_the_formula(device, dtype, shape, reduction):
+    x, weight, target, bias = make(*shape, dtype, device)
+    got = ltx_kernels.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    want = formula(x.double(), weight.double(), target, bias.double(), reduction=reduction)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    # fp32 logits from the rounded inputs: the loss is fp32-accurate whatever x's dtype
+    assert_close(got, want, torch.float32, scale=10.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_gradients_match_the_formula(device, dtype, shape, reduction):
+    x, weight, target, bias = make(*shape, dtype, device)
+    leaves = [t.requires_grad_() for t in (x, weight, bias)]
+    # Times the vocabulary: a weight row's gradient is ~1 / vocab of x, which fp16 would hold
+    # as a subnormal (the same in stock fp16 training, where a loss scale is used).
+    k = shape[2]
+    check_grads(lambda x, w, b: k * ltx_kernels.fused_linear_cross_entropy(x, w, target, b, reduction=reduction),
+                lambda x, w, b: k * formula(x, w, target, b, reduction=reduction), leaves, leaves, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_bias_3d_strided_input_and_own_ignore_index(device):
+    wide = torch.randn(2, 9, 40, device=device)
+    x = wide[..., 4:36]  # rows strided, leading dims kept
+    weight = torch.randn(300, 32, device=device, requires_grad=True)
+    target = torch.randint(0, 300, (2, 9), device=device)
+    target[0, :3] = 7
+    x.requires_grad_()
+    check_grads(lambda x, w: ltx_kernels.fused_linear_cross_entropy(x, w, target, ignore_index=7),
+                lambda x, w: formula(x, w, target, ignore_index=7), [x, weight], [x, weight], torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_no_worse_than_stock(device):
+    """Stock transformers rounds the logits to bf16 before its fp32 cross-entropy; ours does
+    not: the loss and gradients are at least as close to fp64."""
+    x, weight, target, bias = make(256, 64, 2000, torch.bfloat16, device, bias=False)
+    ref = formula(x.double(), weight.double(), target)
+    ours = ltx_kernels.fused_linear_cross_entropy(x, weight, target)
+    stock = F.cross_entropy(F.linear(x, weight).float(), target)
+    assert abs(ours.double() - ref).item() <= abs(stock.double() - ref).item() + 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_target_ignored(device):
+    x, weight, target, bias = make(5, 8, 11, torch.float32, device, ignored=1.0)
+    x.requires_grad_()
+    assert ltx_kernels.fused_linear_cross_entropy(x, weight, target).isnan().item()  # 0 / 0, as torch
+    total = ltx_kernels.fused_linear_cross_entropy(x, weight, target, reduction="sum")
+    assert total.item() == 0.0
+    (gx,) = torch.autograd.grad(total, x)
+    assert torch.equal(gx, torch.zeros_like(gx))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_tokens(device):
+    x = torch.randn(0, 8, device=device)
+    weight = torch.randn(11, 8, device=device)
+    target = torch.empty(0, dtype=torch.long, device=device)
+    assert ltx_kernels.fused_linear_cross_entropy(x, weight, target, reduction="sum").item() == 0.0
+    assert ltx_kernels.fused_linear_cross_entropy(x, weight, target, reduction="none").shape == (0,)
+    # hidden 0: every logit is the bias (here none: 0), the loss log(vocab)
+    loss = ltx_kernels.fused_linear_cross_entropy(torch.randn(3, 0, device=device), torch.randn(11, 0, device=device),
+                                                  torch.tensor([0, 4, 10], device=device))
+    assert loss.item() == pytest.approx(torch.log(torch.tensor(11.0)).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda a: {**a, "target": a["target"].int()}, TypeError, "target must be int64"),
+        (lambda a: {**a, "target": a["target"][:3]}, ValueError, "target must have x's shape"),
+        (lambda a: {**a, "weight": a["weight"][:, :5]}, ValueError, r"weight must be \[vocab, hidden\]"),
+        (lambda a: {**a, "weight": a["weight"].double()}, TypeError, "weight must have x's dtype"),
+        (lambda a: {**a, "bias": a["bias"][:4]}, ValueError, r"bias must be \[vocab\]"),
+        (lambda a: {**a, "target": a["target"].clone().fill_(11)}, ValueError, r"outside \[0, 11\)"),
+        (lambda a: {**a, "target": a["target"].clone().fill_(-1)}, ValueError, "outside"),
+        (lambda a: {**a, "reduction": "avg"}, ValueError, "reduction must be"),
+        (lambda a: {**a, "ignore_index": 1.5}, TypeError, "ignore_index must be an int"),
+        (lambda a: {**a, "x": a["x"].double(), "weight": a["weight"].double()}, TypeError, "x must be float32"),
+    ],
+)
+def test_bad_input_names_the_op_and_argument(change, error, message):
+    x, weight, target, bias = make(6, 8, 11, torch.float32, "cpu", ignored=0.0)
+    args = change({"x": x, "weight": weight, "target": target, "bias": bias})
+    with pytest.raises(error, match=f"fused_linear_cross_entropy: .*{message}|fused_linear_cross_entropy: {message}"):
+        ltx_kernels.fused_linear_cross_entropy(**args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_compile_forward_backward(device):
+    x, weight, target, bias = make(20, 16, 70, torch.float32, device)
+    torch.library.opcheck(ops.fused_linear_cross_entropy.default, (x, weight, target, bias, -100, "mean"))
+    torch.library.opcheck(ops.fused_linear_cross_entropy.default, (x, weight, target, None, -100, "none"))
+
+    def head(x, weight, bias):
+        return ltx_kernels.fused_linear_cross_entropy(x * 2, weight, target, bias)
+
+    eager = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    compiled = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    torch._dynamo.reset()
+    loss = torch.compile(head, backend="aot_eager", fullgraph=True)(*compiled)
+    assert_close(loss, head(*eager), torch.float32)
+    for g, w in zip(torch.autograd.grad(loss, compiled), torch.autograd.grad(head(*eager), eager)):
+        assert_close(g, w, torch.float32)
