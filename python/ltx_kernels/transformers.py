@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _fp8, ops
+from ltx_kernels import _causal_lm_loss, _fp8, ops
 from ltx_kernels._forwards import eps_of, gemma_rms_norm_forward, rms_norm_forward
 from ltx_kernels._patching import Report, call_fused, is_patched, patch, runs_unhooked, unpatch_all, unsupported_reason
 
@@ -316,6 +316,11 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     activations per token, q/k/v and gate/up sharing one quantization of their input. It pays
     in prefill; decode at small batch is bound by reading the weights, which FP8 halves, and
     by launches, which it does not change. Compute capability >= 8.9 on CUDA.
+
+    A ``*ForCausalLM`` in train mode called with ``labels`` computes its loss with
+    :func:`~ltx_kernels.fused_linear_cross_entropy` from the hidden states and returns
+    ``logits=None`` (the ``[tokens, vocab]`` logits are never built); see
+    ``ltx_kernels._causal_lm_loss`` for when it stays stock.
     """
     check_version()
     model_type = _model_type("apply", model)
@@ -330,6 +335,7 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     else:
         if model_type in FAMILIES:
             _patch_family(model, model_type, report)
+            _causal_lm_loss.patch_causal_lm(model, report)
         else:
             _patch_norms_by_class_name(model, model_type, report)
         if precision == "fp8":
