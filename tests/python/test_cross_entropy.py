@@ -34,10 +34,15 @@ def make(rows, hidden, vocab, dtype, device, ignored=0.25, bias=True, lead=()):
 SHAPES = [(1, 8, 1), (7, 3, 5), (67, 16, 1000), (130, 64, 257), (33, 96, 40)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def each_case(test):
+    """``test`` over every device, dtype, shape and reduction."""
+    for name, values in [("reduction", ["mean", "sum", "none"]), ("shape", SHAPES), ("dtype", DTYPES),
+                         ("device", DEVICES)]:
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
+@each_case
 def test_matches_the_formula(device, dtype, shape, reduction):
     x, weight, target, bias = make(*shape, dtype, device)
     got = ltx_kernels.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction)
@@ -47,10 +52,7 @@ def test_matches_the_formula(device, dtype, shape, reduction):
     assert_close(got, want, torch.float32, scale=10.0)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@each_case
 def test_gradients_match_the_formula(device, dtype, shape, reduction):
     x, weight, target, bias = make(*shape, dtype, device)
     leaves = [t.requires_grad_() for t in (x, weight, bias)]
