@@ -214,7 +214,8 @@ def fused_linear_cross_entropy(
     one per token, 0 where ignored; ``"mean"`` averages over the targets not ignored, NaN when
     all are, as torch). Logits and softmax in fp32, never rounded to ``x``'s dtype. The
     backward recomputes each chunk's logits (four head GEMMs per training step, stock runs
-    three) and accumulates the weight gradient in fp32 (``vocab x hidden x 4`` bytes)."""
+    three) and accumulates the weight gradient in fp32 (at its peak, twice ``vocab x hidden x 4``
+    bytes: the sum and one chunk's product)."""
     fn = "fused_linear_cross_entropy"
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")

@@ -101,17 +101,6 @@ at::Tensor mm_f32(const at::Tensor& a, const at::Tensor& b) {
   return at::mm(f32(a), f32(b));
 }
 
-// acc (fp32) += a @ b.
-void addmm_f32(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kFloat) {
-    acc.addmm_(a, b);
-  } else if (a.is_cuda()) {
-    at::addmm_out(acc, acc, a, b, at::kFloat);
-  } else {
-    acc.addmm_(f32(a), f32(b));
-  }
-}
-
 // One chunk's fp32 logits [rows, vocab].
 at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
   at::Tensor logits = mm_f32(x, weight.t());
@@ -180,7 +169,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_en
     if (bias) grad_b.add_(logits.sum(0));
     const at::Tensor dlogits = logits.to(x.scalar_type());
     grad_x.slice(0, r0, r1).copy_(mm_f32(dlogits, weight));  // rounded once, by the copy
-    addmm_f32(grad_w, dlogits.t(), xc);
+    // (an fp32 product, then added: addmm's out_dtype form takes a 16-bit addend only on
+    // some torch versions)
+    grad_w.add_(mm_f32(dlogits.t(), xc));
   }
   return {grad_x.view(x.sizes()), grad_w.to(weight.scalar_type()), none_grad(target),
           bias ? grad_b.to(bias->scalar_type()) : none_grad(x)};
