@@ -2,7 +2,7 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py bench gemm attention e2e flux cache llm); GPU_CHECK_PYTEST passes extra
+# time per command is limited (stages: cpp sanitize py py1 py2 bench gemm attention e2e flux cache llm); GPU_CHECK_PYTEST passes extra
 # pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
@@ -47,14 +47,27 @@ for tool in memcheck racecheck; do
 done
 fi
 
-if want py; then
-echo "== Python tests"
+# py: every Python test file; py1 / py2: the first / second half of them (alphabetically), for
+# machines whose time per command is shorter than the whole suite. Across
+# GPU_CHECK_WORKERS processes (pytest-xdist; default 15), under GPU_CHECK_PYTEST_TIMEOUT
+# seconds (default none), after which pytest is interrupted and still prints what failed so far.
+files=(tests/python/test_*.py)
+half=$(( ${#files[@]} / 2 ))
+for stage in py py1 py2; do
+want $stage || continue
+case $stage in
+  py) chosen=("${files[@]}") ;;
+  py1) chosen=("${files[@]:0:half}") ;;
+  py2) chosen=("${files[@]:half}") ;;
+esac
+echo "== Python tests ($stage: ${#chosen[@]} files)"
 # shellcheck disable=SC2086
-python3 -m pytest tests/python -q -p no:cacheprovider ${GPU_CHECK_PYTEST:-} 2>&1 \
-  | tee "$out/pytest.log" | tail -15
+timeout -s INT "${GPU_CHECK_PYTEST_TIMEOUT:-0}" python3 -m pytest "${chosen[@]}" -q -p no:cacheprovider \
+  -p no:benchmark -n "${GPU_CHECK_WORKERS:-15}" -rfE --durations=10 ${GPU_CHECK_PYTEST:-} 2>&1 \
+  | grep -vE "^[.sFEx]+ +\[" | tee "$out/pytest-$stage.log" | tail -25
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-echo "== summary: pytest: $(tail -1 "$out/pytest.log")"
-fi
+echo "== summary: pytest ($stage): $(grep -E '(passed|failed|error)' "$out/pytest-$stage.log" | tail -1)"
+done
 
 if want bench; then
 echo "== benchmark"
