@@ -2,8 +2,8 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py py1 py2 bench gemm attention e2e flux cache llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# time per command is limited (stages: cpp sanitize py py1 py2 bench gemm attention e2e fidelity flux cache llm); GPU_CHECK_PYTEST passes extra
+# pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
@@ -91,6 +91,13 @@ echo "== end-to-end LTX-Video benchmark"
 # shellcheck disable=SC2086
 python3 -m ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-} --json "$out/e2e.json" --markdown "$out/e2e.md" 2>&1 \
   | tee "$out/e2e.log" | tail -30
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if want fidelity; then
+echo "== fidelity benchmark (LTX-Video, final latents vs the fp32 model)"
+# shellcheck disable=SC2086
+python3 -m ltx_kernels.bench.fidelity ${GPU_CHECK_FIDELITY:-} --json "$out/fidelity.json" \
+  --markdown "$out/fidelity.md" 2>&1 | tee "$out/fidelity.log" | tail -15
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if want flux; then
