@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 import ltx_kernels.transformers as lt  # noqa: E402
-from conftest import assert_close  # noqa: E402
+from conftest import DEVICES, assert_close  # noqa: E402
 from ltx_kernels import _causal_lm_loss  # noqa: E402
 from test_transformers_integration import FAMILIES, SIZES, tiny_model  # noqa: E402
 
@@ -23,8 +23,8 @@ def batch(seed=2, length=13):
     return ids, labels
 
 
-def pair(model_type):
-    stock = tiny_model(model_type).train()
+def pair(model_type, device="cpu"):
+    stock = tiny_model(model_type).to(device).train()
     patched = copy.deepcopy(stock)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -32,12 +32,13 @@ def pair(model_type):
     return stock, patched, report
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_type", FAMILIES)
 @pytest.mark.parametrize("num_items", [None, 17])
-def test_train_loss_and_gradients_match_stock(model_type, num_items):
-    stock, patched, report = pair(model_type)
+def test_train_loss_and_gradients_match_stock(device, model_type, num_items):
+    stock, patched, report = pair(model_type, device)
     assert report.patched[_causal_lm_loss.KIND] == 1
-    ids, labels = batch()
+    ids, labels = (t.to(device) for t in batch())
     kwargs = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
     want = stock(input_ids=ids, labels=labels, **kwargs)
     got = patched(input_ids=ids, labels=labels, **kwargs)
