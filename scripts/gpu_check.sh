@@ -69,55 +69,29 @@ timeout -s INT "${GPU_CHECK_PYTEST_TIMEOUT:-0}" python3 -m pytest "${chosen[@]}"
 echo "== summary: pytest ($stage): $(grep -E '(passed|failed|error)' "$out/pytest-$stage.log" | tail -1)"
 done
 
-if want bench; then
-echo "== benchmark"
-python3 -m ltx_kernels.bench --json "$out/bench.json" --markdown "$out/bench.md" 2>&1 \
-  | tee "$out/bench.log" | tail -60 || status=1
-fi
-if want gemm; then
-echo "== GEMM benchmark (bf16, cuBLASLt FP8, ours FP8)"
-python3 -m ltx_kernels.bench.gemm --json "$out/gemm.json" --markdown "$out/gemm.md" 2>&1 \
-  | tee "$out/gemm.log" | tail -20
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want attention; then
-echo "== attention benchmark"
-python3 -m ltx_kernels.bench.attention --json "$out/attention.json" --markdown "$out/attention.md" 2>&1 \
-  | tee "$out/attention.log" | tail -30
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want e2e; then
-echo "== end-to-end LTX-Video benchmark"
+# A benchmark stage NAME: python -m MODULE ARGS..., its JSON, markdown and log as OUT/NAME.*.
+bench_stage() {
+  local name=$1 title=$2 module=$3
+  shift 3
+  want "$name" || return 0
+  echo "== $title"
+  python3 -m "$module" "$@" --json "$out/$name.json" --markdown "$out/$name.md" 2>&1 \
+    | tee "$out/$name.log" | tail -30
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+# (the GPU_CHECK_* arguments are split into words on purpose)
 # shellcheck disable=SC2086
-python3 -m ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-} --json "$out/e2e.json" --markdown "$out/e2e.md" 2>&1 \
-  | tee "$out/e2e.log" | tail -30
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want fidelity; then
-echo "== fidelity benchmark (LTX-Video, final latents vs the fp32 model)"
-# shellcheck disable=SC2086
-python3 -m ltx_kernels.bench.fidelity ${GPU_CHECK_FIDELITY:-} --json "$out/fidelity.json" \
-  --markdown "$out/fidelity.md" 2>&1 | tee "$out/fidelity.log" | tail -15
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want flux; then
-echo "== end-to-end FLUX.1-dev benchmark (one step, 1024x1024)"
-python3 -m ltx_kernels.bench.flux_e2e --json "$out/flux.json" --markdown "$out/flux.md" 2>&1 \
-  | tee "$out/flux.log" | tail -15
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want cache; then
-echo "== end-to-end LTX-Video denoising loop with FirstBlockCache (stock vs ours vs ours + compile)"
-# shellcheck disable=SC2086
-python3 -m ltx_kernels.bench.ltx_cache ${GPU_CHECK_CACHE:-} --json "$out/cache.json" --markdown "$out/cache.md" 2>&1 \
-  | tee "$out/cache.log" | tail -20
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
-if want llm; then
-echo "== end-to-end LLM benchmark (transformers, Llama-3-8B dimensions)"
-# shellcheck disable=SC2086
-python3 -m ltx_kernels.bench.llm_e2e ${GPU_CHECK_LLM:-} --json "$out/llm.json" --markdown "$out/llm.md" 2>&1 \
-  | tee "$out/llm.log" | tail -30
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-fi
+{
+bench_stage bench "benchmark" ltx_kernels.bench
+bench_stage gemm "GEMM benchmark (bf16, cuBLASLt FP8, ours FP8)" ltx_kernels.bench.gemm
+bench_stage attention "attention benchmark" ltx_kernels.bench.attention
+bench_stage e2e "end-to-end LTX-Video benchmark" ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-}
+bench_stage fidelity "fidelity benchmark (LTX-Video, final latents vs the fp32 model)" ltx_kernels.bench.fidelity \
+  ${GPU_CHECK_FIDELITY:-}
+bench_stage flux "end-to-end FLUX.1-dev benchmark (one step, 1024x1024)" ltx_kernels.bench.flux_e2e
+bench_stage cache "end-to-end LTX-Video denoising loop with FirstBlockCache (stock vs ours vs ours + compile)" \
+  ltx_kernels.bench.ltx_cache ${GPU_CHECK_CACHE:-}
+bench_stage llm "end-to-end LLM benchmark (transformers, Llama-3-8B dimensions)" ltx_kernels.bench.llm_e2e \
+  ${GPU_CHECK_LLM:-}
+}
 exit $status
