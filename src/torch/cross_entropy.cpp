@@ -68,8 +68,10 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   // device sync on CUDA) per call, on the backends that hold values.
   if (check_values && target.numel() > 0) {
     const at::Tensor bad = (target != ignore_index).logical_and((target < 0).logical_or(target >= weight.size(0)));
-    TORCH_CHECK_VALUE(!bad.any().item<bool>(), kOp, ": target holds a class index outside [0, ", weight.size(0),
-                      ") that is not ignore_index (", ignore_index, ")");
+    // Numbers as std::to_string, never streamed (see common.cpp: that crashed on the GPU machine).
+    TORCH_CHECK_VALUE(!bad.any().item<bool>(), kOp, ": target holds a class index outside [0, ",
+                      std::to_string(weight.size(0)), ") that is not ignore_index (", std::to_string(ignore_index),
+                      ")");
   }
 }
 
