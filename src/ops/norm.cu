@@ -60,17 +60,19 @@ __device__ __forceinline__ Vec<T, N> add_residual(const Vec<T, N>& x, const Vec<
   return core::narrow<T>(h);
 }
 
-// (h - mean) * rstd [* (weight + offset)] [+ bias] [* (1 + scale) + shift], rounded to T.
+// ((h - pivot) - mean) * rstd [* (weight + offset)] [+ bias] [* (1 + scale) + shift], rounded
+// to T. layer_norm's statistics are those of the row shifted by its first element, the pivot
+// (see layer_stats); the RMS norms pass 0 for both.
 // HAS_BIAS / MOD: whether a bias (layer norm only) or the modulation (sc, sh) can be
 // present; as template parameters they keep the other kernels free of their branches.
 template <bool HAS_BIAS, bool MOD, typename T, int N>
 __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T, N>& hv,
                                                const Vec<T, N>& wv, const Vec<T, N>& bv,
                                                const Vec<T, N>& sc, const Vec<T, N>& sh,
-                                               float mean, float rstd) {
+                                               float pivot, float mean, float rstd) {
   Floats<N> h = core::widen(hv);
 #pragma unroll
-  for (int j = 0; j < N; ++j) h.v[j] = (h.v[j] - mean) * rstd;
+  for (int j = 0; j < N; ++j) h.v[j] = ((h.v[j] - pivot) - mean) * rstd;
   if (p.weight) {
     const Floats<N> w = core::widen(wv);
 #pragma unroll
@@ -187,15 +189,20 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
   }
 
   const float inv_cols = 1.0f / static_cast<float>(p.cols);
-  float mean = 0.0f;
-  float sq = 0.0f;
+  // layer_norm: mean and variance of the row shifted by its first element, the pivot. For a
+  // row like 1e3 +- 1e-2 the shifted values are exact and small, so their fp32 sums are too;
+  // summing the row itself leaves its mean off by ~1e-4, a percent of the spread. Two-pass
+  // variance (squared deviations, not E[x^2] - mean^2, which cancels).
+  float pivot = 0.0f, mean = 0.0f, sq = 0.0f;
   if constexpr (V == Variant::kLayer) {
+    pivot = static_cast<float>(r.x[0]);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
+      if (!valid(i)) continue;
       const Floats<N> f = core::widen(h[i]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) sum += f.v[j];
+      for (int j = 0; j < N; ++j) sum += f.v[j] - pivot;
     }
     mean = core::row_sum<TPR>(sum, scratch[0]) * inv_cols;
 #pragma unroll
@@ -203,7 +210,10 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
       if (!valid(i)) continue;
       const Floats<N> f = core::widen(h[i]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) sq += (f.v[j] - mean) * (f.v[j] - mean);
+      for (int j = 0; j < N; ++j) {
+        const float d = (f.v[j] - pivot) - mean;
+        sq += d * d;
+      }
     }
   } else {
 #pragma unroll
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
       sc[i] = scale_at(i);
       sh[i] = shift_at(i);
     }
-    h[i] = normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], mean, rstd);
+    h[i] = normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], pivot, mean, rstd);
     if (!FP8 || p.out) core::store(r.out + col(i), h[i]);
     if (FP8) core::absmax_into(amax, core::widen(h[i]));
   }
@@ -256,6 +266,8 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   const T* scale = core::row_vector<T>(p.scale, active ? row : 0, p.tokens);
   const T* shift = core::row_vector<T>(p.shift, active ? row : 0, p.tokens);
 
+  // layer_norm's pivot, as in norm_cached_kernel (its rows have no residual: h_src is x).
+  const float pivot = p.type == NormType::kLayer ? static_cast<float>(r.x[0]) : 0.0f;
   float sum = 0.0f;
   float sq = 0.0f;
   for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
@@ -273,7 +285,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     const Floats<N> h = core::widen(hv);
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      sum += h.v[j];
+      sum += h.v[j] - pivot;
       sq += h.v[j] * h.v[j];
     }
   }
@@ -286,7 +298,10 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
       const Floats<N> h = core::widen(core::load_stream<T, N>(h_src + v * N));
 #pragma unroll
-      for (int j = 0; j < N; ++j) sq += (h.v[j] - mean) * (h.v[j] - mean);
+      for (int j = 0; j < N; ++j) {
+        const float d = (h.v[j] - pivot) - mean;
+        sq += d * d;
+      }
     }
   }
   const float rstd = rsqrtf(core::row_sum<kMaxStreamedThreads>(sq, scratch[1]) * inv_cols + p.eps);
@@ -296,7 +311,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
     const Vec<T, N> sc = scale ? core::load_cached<T, N>(scale + v * N) : Vec<T, N>{};
     const Vec<T, N> sh = shift ? core::load_cached<T, N>(shift + v * N) : Vec<T, N>{};
     const Vec<T, N> h = core::load_stream<T, N>(h_src + v * N);
-    return normalize<true, true>(p, h, w, b, sc, sh, mean, rstd);
+    return normalize<true, true>(p, h, w, b, sc, sh, pivot, mean, rstd);
   };
   float amax = 0.0f;
   for (int64_t v = threadIdx.x; v < nvec; v += kMaxStreamedThreads) {
