@@ -168,6 +168,11 @@ def _dispatched(module: nn.Module) -> bool:
     return module.processor is not None and hasattr(module.processor, "_attention_backend")
 
 
+def takes_backend(model: nn.Module) -> bool:
+    """Whether ``model`` has an attention processor that :func:`use_backend` would set."""
+    return any(_dispatched(module) for _, module in _attention_modules(model))
+
+
 def check_arguments(attention, registered: bool) -> None:
     if attention is not None and attention not in tuple(BACKENDS):  # a tuple: an unhashable value fails here too
         raise ValueError(f"inject: attention must be None, 'bf16' or '8bit', got {attention!r}")

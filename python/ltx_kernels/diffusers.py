@@ -3,14 +3,14 @@
 ``inject`` patches module instances of the pipeline's diffusers models (or of one model):
 
 - ``LTXVideoTransformer3DModel``: its blocks run the fused LTX block of
-  :mod:`ltx_kernels._ltx_video` (AdaLN norms, QK-norm + RoPE with in-kernel angles, gated
+  :mod:`ltx_kernels.integrations.diffusers.ltx_video` (AdaLN norms, QK-norm + RoPE with in-kernel angles, gated
   residuals fused with the next norm, fused output norm);
 - ``FluxTransformer2DModel``: its double- and single-stream blocks run the fused forwards of
-  :mod:`ltx_kernels._flux` (gated residuals, norm2 + modulation, the single blocks' GELU
+  :mod:`ltx_kernels.integrations.diffusers.flux` (gated residuals, norm2 + modulation, the single blocks' GELU
   projection);
-- ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks (:mod:`ltx_kernels._sd3`);
+- ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks (:mod:`ltx_kernels.integrations.diffusers.sd3`);
 - ``WanTransformer3DModel`` (Wan 2.1 / 2.2): its blocks' norms + modulation, gated residuals
-  and self-attention RoPE (:mod:`ltx_kernels._wan`);
+  and self-attention RoPE (:mod:`ltx_kernels.integrations.diffusers.wan`);
 - any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
   ...) -> ``adaln_layer_norm`` after the module's own modulation linear; diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->
@@ -44,9 +44,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ltx_kernels import _diffusers_attention, _flux, _fp8, _sd3, _wan, ops
+from ltx_kernels import _diffusers_attention, _fp8, ops
 from ltx_kernels._forwards import linear_gelu_tanh_forward, rms_norm_forward
-from ltx_kernels._ltx_video import fused_submodules, patch_ltx_model
 from ltx_kernels._patching import (
     Report,
     is_library_owned,
@@ -56,6 +55,8 @@ from ltx_kernels._patching import (
     unpatch_all,
     unsupported_reason,
 )
+from ltx_kernels.integrations.diffusers import family_of, flux, model_class_names
+from ltx_kernels.integrations.family import PatchOptions
 
 # Our attention backends join diffusers' dispatcher on import (False without diffusers).
 _ATTENTION_REGISTERED = _diffusers_attention.register()
@@ -77,10 +78,10 @@ def _generic_patch(module: nn.Module):
     from diffusers.models.activations import GEGLU, GELU, SwiGLU
     from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle, RMSNorm
 
-    for cls, kind, forward in ((AdaLayerNormZero, _flux.ADALN_KIND, _flux.adaln_zero_forward),
-                               (AdaLayerNormZeroSingle, _flux.ADALN_SINGLE_KIND, _flux.adaln_zero_single_forward)):
+    for cls, kind, forward in ((AdaLayerNormZero, flux.ADALN_KIND, flux.adaln_zero_forward),
+                               (AdaLayerNormZeroSingle, flux.ADALN_SINGLE_KIND, flux.adaln_zero_single_forward)):
         if type(module) is cls:
-            why = _flux.adaln_zero_problem(module)
+            why = flux.adaln_zero_problem(module)
             return (None, f"{cls.__name__}: {why}") if why else (kind, forward)
 
     if isinstance(module, RMSNorm):
@@ -122,9 +123,16 @@ def _models(fn: str, pipe_or_model) -> list[nn.Module]:
     return [c for c in components.values() if isinstance(c, ModelMixin)]
 
 
+def _supported(model: nn.Module, attention: str | None) -> bool:
+    """Whether inject changes anything in ``model``: a model family's class, a module patched
+    by class, or (``attention`` given) an attention processor that takes our backend."""
+    return (any(family_of(m) is not None or _generic_patch(m) is not None for m in model.modules())
+            or (attention is not None and _diffusers_attention.takes_backend(model)))
+
+
 def inject(
     pipe_or_model, rope: str = "exact", precision: str = "bf16", fp8_skip=_fp8.DEFAULT_FP8_SKIP,
-    attention: str | None = None,
+    attention: str | None = None, strict: bool = True,
 ) -> Report:
     """Patches a diffusers pipeline's models (or one model) in place; returns what was patched.
 
@@ -166,6 +174,12 @@ def inject(
       an fp32 model then agrees with stock to fp32 rounding (~2e-7 relative), e.g. to check
       a pipeline against stock outputs.
 
+    A model that inject would not change (none of the families' classes, no module patched by
+    class, and no attention processor for ``attention``) raises a ValueError naming its class
+    and the supported ones, before anything changes; for a pipeline, only when none of its
+    models is supported (the others are listed in ``report.notes``). ``strict=False`` makes
+    that a warning and returns an empty report.
+
     What cannot be patched is listed in ``report.skipped`` and warned about. Calling
     ``inject`` twice patches nothing new (the first call's ``rope`` stays), except that an
     ``attention`` other than None sets that backend.
@@ -182,11 +196,27 @@ def inject(
     precision = ops._choice("inject", "precision", precision, _fp8.PRECISIONS)
     fp8_skip = ops._strings("inject", "fp8_skip", fp8_skip)
     _diffusers_attention.check_arguments(attention, _ATTENTION_REGISTERED)
+    if not isinstance(strict, bool):
+        raise TypeError(f"inject: strict must be a bool, got {type(strict).__name__}")
     models = _models("inject", pipe_or_model)
+    report = Report()
+    unsupported = [m for m in models if not _supported(m, attention)]
+    if len(unsupported) == len(models):
+        names = ", ".join(type(m).__name__ for m in models) or "no diffusers model"
+        message = (f"inject: nothing to patch in {names}: ltx_kernels supports the model classes "
+                   f"{', '.join(model_class_names())} and, in any diffusers model, AdaLayerNormZero(Single), "
+                   "RMSNorm, GELU(approximate='tanh'), GEGLU, SwiGLU and attention processors that go through "
+                   "diffusers' dispatcher (with attention=...)")
+        if strict:
+            raise ValueError(message)
+        warnings.warn(f"ltx_kernels.diffusers.{message}; strict=False: nothing patched", stacklevel=2)
+        return report
+    models = [m for m in models if m not in unsupported]
+    report.notes += [f"{type(m).__name__}: nothing ltx_kernels patches in this model; left as it is"
+                     for m in unsupported]
     for model in models:
         _fp8.check_precision(model, precision)
         _diffusers_attention.check_model(model, attention)
-    report = Report()
     for model in models:
         if any(_fp8.is_quantized(m) for m in model.modules()):  # so precision is "fp8" (check_precision)
             report.skipped.append(f"{type(model).__name__}: already injected with precision='fp8': no kernel "
@@ -196,7 +226,7 @@ def inject(
             if problem is not None:
                 report.skipped.append(f"{type(model).__name__}: {problem}")
                 continue
-            _patch_kernels(model, rope, precision, fp8_skip, report)
+            _patch_kernels(model, PatchOptions(rope=rope), precision, fp8_skip, report)
         if attention is not None:
             _diffusers_attention.use_backend(model, attention, report)
     for reason in report.skipped:
@@ -204,28 +234,15 @@ def inject(
     return report
 
 
-def _patch_kernels(model: nn.Module, rope: str, precision: str, fp8_skip, report: Report) -> None:
-    """inject's kernels (all but the attention backend) on one model of supported dtype and device."""
-    from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
-    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
-    from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
-    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
-
+def _patch_kernels(model: nn.Module, options: PatchOptions, precision: str, fp8_skip, report: Report) -> None:
+    """inject's kernels (all but the attention backend) on one model of supported dtype and device:
+    each model family's patches (:mod:`ltx_kernels.integrations.diffusers`), then the by-class ones."""
     fused: set[int] = set()
     for module in model.modules():
-        if isinstance(module, LTXVideoTransformer3DModel):
-            if not any(is_patched(block) for block in module.transformer_blocks):
-                patch_ltx_model(module, report, exact_rope=rope == "exact")
-            fused |= {id(m) for m in fused_submodules(module)}
-        elif isinstance(module, FluxTransformer2DModel):
-            if not any(is_patched(block) for block in module.transformer_blocks):
-                _flux.patch_flux_model(module, report)
-        elif isinstance(module, SD3Transformer2DModel):
-            if not any(is_patched(block) for block in module.transformer_blocks):
-                _sd3.patch_sd3_model(module, report)
-        elif isinstance(module, WanTransformer3DModel):
-            if not any(is_patched(block) for block in module.blocks):
-                _wan.patch_wan_model(module, report)
+        family = family_of(module)
+        if family is not None:
+            family.patch(module, report, options)
+            fused |= {id(m) for m in family.fused(module)}
     for name, module in model.named_modules():
         if id(module) in fused or is_patched(module):
             continue

@@ -304,7 +304,14 @@ def _model_type(fn: str, model) -> str:
     return model_type
 
 
-def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_FP8_SKIP) -> Report:
+def _nothing_to_patch(model: nn.Module, model_type: str, precision: str) -> bool:
+    """Whether apply would change nothing: not a family of ours, no module named *RMSNorm, bf16."""
+    return (model_type not in FAMILIES and precision == "bf16"
+            and not any(type(m).__name__.endswith("RMSNorm") for m in model.modules()))
+
+
+def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_FP8_SKIP,
+          strict: bool = True) -> Report:
     """Patches a transformers model (``LlamaForCausalLM``, ``Qwen3Model``, ...) in place.
 
     Returns a :class:`~ltx_kernels._patching.Report` of what was patched; what was left
@@ -321,13 +328,28 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     :func:`~ltx_kernels.fused_linear_cross_entropy` from the hidden states and returns
     ``logits=None`` (the ``[tokens, vocab]`` logits are never built); see
     ``ltx_kernels._causal_lm_loss`` for when it stays stock.
+
+    A model apply would not change (a model_type outside the families above, no ``*RMSNorm``
+    module, ``precision="bf16"``) raises a ValueError naming its class, model_type and the
+    supported ones, before anything changes; ``strict=False`` makes that a warning and returns
+    an empty report.
     """
     check_version()
     model_type = _model_type("apply", model)
     precision = ops._choice("apply", "precision", precision, _fp8.PRECISIONS)
     fp8_skip = ops._strings("apply", "fp8_skip", fp8_skip)
+    if not isinstance(strict, bool):
+        raise TypeError(f"apply: strict must be a bool, got {type(strict).__name__}")
     _fp8.check_precision(model, precision)
     report = Report()
+    if _nothing_to_patch(model, model_type, precision):
+        message = (f"apply: nothing to patch in {type(model).__name__} (model_type {model_type!r}): ltx_kernels "
+                   f"supports the model types {', '.join(sorted(FAMILIES))}, RMSNorm modules of any model, and "
+                   "any model's linears with precision='fp8'")
+        if strict:
+            raise ValueError(message)
+        warnings.warn(f"ltx_kernels.transformers.{message}; strict=False: nothing patched", stacklevel=2)
+        return report
     if any(is_patched(m) for m in model.modules()):
         report.skipped.append("already patched by ltx_kernels: nothing new patched")
     elif (problem := unsupported_reason(model)) is not None:

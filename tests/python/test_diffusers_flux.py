@@ -14,7 +14,7 @@ from diffusers import FluxTransformer2DModel  # noqa: E402
 from diffusers.models.normalization import AdaLayerNormZero  # noqa: E402
 
 import ltx_kernels.diffusers as lkd  # noqa: E402
-from ltx_kernels import _flux  # noqa: E402
+from ltx_kernels.integrations.diffusers import flux  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 
 
@@ -108,10 +108,10 @@ def test_fused_blocks_match_stock_fp32():
     stock = tiny_flux()
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
-    for kind in (_flux.BLOCK_KIND, _flux.SINGLE_KIND, _flux.ADALN_KIND, _flux.ADALN_SINGLE_KIND, _flux.ATTN_KIND):
+    for kind in (flux.BLOCK_KIND, flux.SINGLE_KIND, flux.ADALN_KIND, flux.ADALN_SINGLE_KIND, flux.ATTN_KIND):
         assert report.patched[kind] > 0, report
-    assert report.patched[_flux.BLOCK_KIND] == 2 and report.patched[_flux.SINGLE_KIND] == 2
-    assert report.patched[_flux.ATTN_KIND] == 4  # every block's attention: our RoPE
+    assert report.patched[flux.BLOCK_KIND] == 2 and report.patched[flux.SINGLE_KIND] == 2
+    assert report.patched[flux.ATTN_KIND] == 4  # every block's attention: our RoPE
     with torch.no_grad():
         assert rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0]) < 1e-5
 
@@ -166,7 +166,7 @@ def test_trains_like_stock():
 
 def test_fp8_runs_within_the_format_error():
     report = assert_fp8_within_format_error(tiny_flux(), flux_kwargs())
-    assert report.patched[_flux.BLOCK_KIND] == 2
+    assert report.patched[flux.BLOCK_KIND] == 2
 
 
 def test_benchmark_inputs_run_on_the_tiny_config():
@@ -193,9 +193,9 @@ def test_custom_processor_stays_and_backend_reaches_ours():
     model = tiny_flux()
     model.transformer_blocks[0].attn.set_processor(Custom())
     report = inject_quietly(model)
-    assert report.patched[_flux.ATTN_KIND] == 3
+    assert report.patched[flux.ATTN_KIND] == 3
     assert any("Custom" in s for s in report.skipped), report.skipped
     model.set_attention_backend("native")
     ours = model.transformer_blocks[1].attn.processor
-    assert isinstance(ours, _flux.FluxKernelsAttnProcessor)
+    assert isinstance(ours, flux.FluxKernelsAttnProcessor)
     assert ours._attention_backend is not None and ours._stock._attention_backend is ours._attention_backend

@@ -13,7 +13,7 @@ pytest.importorskip("diffusers")
 from diffusers import SD3Transformer2DModel  # noqa: E402
 
 import ltx_kernels.diffusers as lkd  # noqa: E402
-from ltx_kernels import _sd3  # noqa: E402
+from ltx_kernels.integrations.diffusers import sd3  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
     assert_bf16_no_worse_than_stock,
@@ -50,7 +50,7 @@ def test_joint_blocks_match_stock(dual):
     stock = tiny_sd3(dual)
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
-    assert report.patched[_sd3.BLOCK_KIND] == 2, report
+    assert report.patched[sd3.BLOCK_KIND] == 2, report
     with torch.no_grad():
         assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
 
@@ -71,7 +71,7 @@ def test_feed_forward_chunking_stays_stock_and_is_reported():
     model = tiny_sd3()
     model.enable_forward_chunking(chunk_size=3)
     report = inject_quietly(model)
-    assert report.patched[_sd3.BLOCK_KIND] == 0
+    assert report.patched[sd3.BLOCK_KIND] == 0
     assert any("chunking" in s for s in report.skipped), report.skipped
 
 

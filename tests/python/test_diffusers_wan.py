@@ -16,7 +16,7 @@ from diffusers import WanTransformer3DModel  # noqa: E402
 from diffusers.utils import logging as diffusers_logging  # noqa: E402
 
 import ltx_kernels.diffusers as lkd  # noqa: E402
-from ltx_kernels import _wan  # noqa: E402
+from ltx_kernels.integrations.diffusers import wan  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
     assert_bf16_no_worse_than_stock,
@@ -98,8 +98,8 @@ def test_blocks_match_stock_fp32(variant, device):
     stock = tiny_wan(model_variant(variant), device=device)
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
-    assert report.patched[_wan.BLOCK_KIND] == 2, report
-    assert report.patched[_wan.ATTN_KIND] == 2, report  # attn1 of each block (attn2 has no RoPE)
+    assert report.patched[wan.BLOCK_KIND] == 2, report
+    assert report.patched[wan.ATTN_KIND] == 2, report  # attn1 of each block (attn2 has no RoPE)
     assert report.patched["torch.nn.RMSNorm (rms_norm)"] >= 8  # the QK norms, by class
     assert report.patched["GELU tanh (linear_gelu_tanh)"] == 2  # the feed-forwards, by class
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_bf16_is_as_close_to_fp32_as_stock_bf16(variant, keep_fp32, device):
     reference = tiny_wan(model_variant(variant), device=device)
     report = assert_bf16_no_worse_than_stock(reference, to_bf16(reference, keep_fp32),
                                              lambda dtype: wan_kwargs(variant, dtype, device))
-    assert report.patched[_wan.BLOCK_KIND] == 2
+    assert report.patched[wan.BLOCK_KIND] == 2
 
 
 @pytest.mark.parametrize("target", ["blocks.0.norm1", "blocks.0.norm2", "blocks.1.norm3", "blocks.0.ffn",
@@ -148,7 +148,7 @@ def test_unsupported_block_stays_stock_and_is_reported():
     stock.blocks[1].norm2 = torch.nn.LayerNorm(48, eps=1e-6)
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
-    assert report.patched[_wan.BLOCK_KIND] == 1 and not is_patched(model.blocks[1])
+    assert report.patched[wan.BLOCK_KIND] == 1 and not is_patched(model.blocks[1])
     assert any("blocks.1 stays stock" in s and "norm2" in s for s in report.skipped), report.skipped
     with torch.no_grad():
         assert rel_err(model(**wan_kwargs())[0], stock(**wan_kwargs())[0]) < 1e-5
@@ -163,11 +163,11 @@ def test_custom_processor_stays_and_backend_reaches_ours():
     model = tiny_wan()
     model.blocks[0].attn1.set_processor(Custom())
     report = inject_quietly(model)
-    assert report.patched[_wan.ATTN_KIND] == 1 and report.patched[_wan.BLOCK_KIND] == 2
+    assert report.patched[wan.ATTN_KIND] == 1 and report.patched[wan.BLOCK_KIND] == 2
     assert any("Custom" in s for s in report.skipped), report.skipped
     model.set_attention_backend("native")
     ours = model.blocks[1].attn1.processor
-    assert isinstance(ours, _wan.WanKernelsAttnProcessor)
+    assert isinstance(ours, wan.WanKernelsAttnProcessor)
     assert ours._attention_backend is not None and ours._stock._attention_backend is ours._attention_backend
 
 
@@ -205,4 +205,4 @@ def test_fp8_runs_within_the_format_error():
     """Also that the default fp8_skip keeps the condition embedder (whose forward casts the
     timestep to its time embedder's weight dtype) out of FP8."""
     report = assert_fp8_within_format_error(tiny_wan(), wan_kwargs())
-    assert report.patched[_wan.BLOCK_KIND] == 2
+    assert report.patched[wan.BLOCK_KIND] == 2

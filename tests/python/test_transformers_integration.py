@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticC
 
 import ltx_kernels.transformers as lt  # noqa: E402
 from ltx_kernels import _forwards  # noqa: E402
+from ltx_kernels._patching import is_patched  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
 
@@ -198,6 +199,33 @@ def test_unknown_norm_formula_is_left_alone():
         report = lt.apply(model)
     assert "_ltx_kernels_patch" not in model.model.norm.__dict__
     assert report.patched["RMSNorm (rms_norm)"] == 2 * SIZES["num_hidden_layers"]
+
+
+def tiny_gpt2():
+    """A model apply has nothing for: GPT-2 (LayerNorm, GELU MLP, not a family of ours)."""
+    config = AutoConfig.for_model("gpt2", vocab_size=211, n_embd=32, n_layer=1, n_head=2, n_positions=32)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_model_with_nothing_to_patch_names_its_class_and_the_supported_ones():
+    model = tiny_gpt2()
+    with pytest.raises(ValueError, match="apply: nothing to patch in GPT2LMHeadModel \\(model_type 'gpt2'\\): "
+                                         "ltx_kernels supports the model types gemma, llama, mistral, qwen2, qwen3"):
+        lt.apply(model)
+    assert not any(is_patched(m) for m in model.modules())
+
+
+def test_strict_false_warns_and_returns_an_empty_report():
+    model = tiny_gpt2()
+    ids = torch.randint(0, 211, (2, 9))
+    stock = model(ids).logits
+    with pytest.warns(UserWarning, match="nothing to patch in GPT2LMHeadModel.*strict=False: nothing patched"):
+        report = lt.apply(model, strict=False)
+    assert not report.patched and not report.skipped and not report.notes
+    assert torch.equal(model(ids).logits, stock)
+    with pytest.raises(TypeError, match="apply: strict must be a bool, got int"):
+        lt.apply(model, strict=0)
 
 
 def test_unsupported_activation_is_reported():

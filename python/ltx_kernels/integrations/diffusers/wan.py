@@ -33,9 +33,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
-from ._flux import patch_blocks, patch_processors
-from ._patching import ProcessorOverStock, call_fused
+from ltx_kernels import ops
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched
+from ltx_kernels.integrations.family import Family
+
+from .flux import patch_blocks, patch_processors
 
 BLOCK_KIND = "WanTransformerBlock (adaln_layer_norm, layer_norm, gated_residual)"
 ATTN_KIND = "WanAttention self-attention RoPE (apply_rotary_pos_emb)"
@@ -137,7 +139,18 @@ def _attn_problem(attn: nn.Module) -> str | None:
     return None
 
 
-def patch_wan_model(model: nn.Module, report) -> None:
+def _model_classes() -> tuple[type, ...]:
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+
+    return (WanTransformer3DModel,)
+
+
+def patch_model(model: nn.Module, report, options) -> None:
     """Patches ``model``'s blocks and their self-attention processors (attn1)."""
+    if any(is_patched(block) for block in model.blocks):
+        return
     blocks = patch_blocks(model, "blocks", _block_forward, _block_problem, BLOCK_KIND, report)
     patch_processors(model, blocks, "attn1", _attn_problem, WanKernelsAttnProcessor, ATTN_KIND, report)
+
+
+FAMILY = Family("Wan", _model_classes, patch_model)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
-from ._forwards import linear_gelu_tanh
-from ._patching import ProcessorOverStock, call_fused, patch
+from ltx_kernels import ops
+from ltx_kernels._forwards import linear_gelu_tanh
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch
+from ltx_kernels.integrations.family import Family
 
 ADALN_KIND = "AdaLayerNormZero (adaln_layer_norm)"
 ADALN_SINGLE_KIND = "AdaLayerNormZeroSingle (adaln_layer_norm)"
@@ -201,10 +202,21 @@ def patch_processors(model: nn.Module, blocks, name: str, problem, processor, ki
         report.patched[kind] += 1
 
 
-def patch_flux_model(model: nn.Module, report) -> None:
+def _model_classes() -> tuple[type, ...]:
+    from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel
+
+    return (FluxTransformer2DModel,)
+
+
+def patch_model(model: nn.Module, report, options) -> None:
     """Patches ``model``'s double- and single-stream blocks and their attention processors
     (the AdaLN norms are patched by class, as in any model)."""
+    if any(is_patched(block) for block in model.transformer_blocks):
+        return
     blocks = (patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
               + patch_blocks(model, "single_transformer_blocks", _single_block_forward, _single_block_problem,
                              SINGLE_KIND, report))
     patch_processors(model, blocks, "attn", _attn_problem, FluxKernelsAttnProcessor, ATTN_KIND, report)
+
+
+FAMILY = Family("FLUX", _model_classes, patch_model)

@@ -1,8 +1,8 @@
 """Stable Diffusion 3 / 3.5 (diffusers' ``SD3Transformer2DModel``): its ``JointTransformerBlock``s
 with each ``x + gate * branch`` as one ``gated_residual`` and norm2 + modulation as one
-``adaln_layer_norm`` (:func:`ltx_kernels._flux.feed_forward_update`), for the image stream, the
+``adaln_layer_norm`` (:func:`ltx_kernels.integrations.diffusers.flux.feed_forward_update`), for the image stream, the
 text stream (absent in the last block, ``context_pre_only``) and SD3.5's second attention
-(``use_dual_attention``). The AdaLN-Zero norms are patched by class (:mod:`ltx_kernels._flux`),
+(``use_dual_attention``). The AdaLN-Zero norms are patched by class (:mod:`ltx_kernels.integrations.diffusers.flux`),
 QK RMSNorms and the GELU-tanh feed-forwards too; attention stays diffusers'.
 """
 
@@ -11,8 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import ops
-from ._flux import feed_forward_update, patch_blocks
+from ltx_kernels import ops
+from ltx_kernels._patching import is_patched
+from ltx_kernels.integrations.family import Family
+
+from .flux import feed_forward_update, patch_blocks
 
 BLOCK_KIND = "JointTransformerBlock (gated_residual, adaln_layer_norm)"
 
@@ -57,5 +60,17 @@ def _block_problem(block: nn.Module) -> str | None:
     return None
 
 
-def patch_sd3_model(model: nn.Module, report) -> None:
+def _model_classes() -> tuple[type, ...]:
+    from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
+
+    return (SD3Transformer2DModel,)
+
+
+def patch_model(model: nn.Module, report, options) -> None:
+    """Patches ``model``'s joint blocks (the AdaLN norms are patched by class)."""
+    if any(is_patched(block) for block in model.transformer_blocks):
+        return
     patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
+
+
+FAMILY = Family("Stable Diffusion 3", _model_classes, patch_model)

@@ -24,6 +24,7 @@ from torch import nn
 
 from ltx_kernels import _fp8, ops
 from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch
+from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
@@ -335,11 +336,20 @@ def fused_submodules(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def patch_ltx_model(model: nn.Module, report: Report, exact_rope: bool = True) -> None:
+def _model_classes() -> tuple[type, ...]:
+    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
+
+    return (LTXVideoTransformer3DModel,)
+
+
+def patch_model(model: nn.Module, report: Report, options: PatchOptions) -> None:
     """Patches one ``LTXVideoTransformer3DModel``: its blocks, their self-attention and the
-    model forward (RoPE angles in the kernel if ``exact_rope``, else diffusers' tables). A
-    block whose structure differs from diffusers' is left stock, with a warning in the report;
-    so is the model forward if its signature changed."""
+    model forward (RoPE angles in the kernel if ``options.rope == "exact"``, else diffusers'
+    tables). A block whose structure differs from diffusers' is left stock, with a warning in
+    the report; so is the model forward if its signature changed."""
+    if any(is_patched(block) for block in model.transformer_blocks):
+        return
+    exact_rope = options.rope == "exact"
     blocks = list(model.transformer_blocks)
     problems = [_block_problem(block) for block in blocks]
     for index, (block, problem) in enumerate(zip(blocks, problems)):
@@ -365,3 +375,6 @@ def patch_ltx_model(model: nn.Module, report: Report, exact_rope: bool = True) -
         report.patched[_MODEL_KIND] += 1
         return
     report.skipped.append(f"{name}.forward: {why}; RoPE tables and the output norm stay stock")
+
+
+FAMILY = Family("LTX-Video", _model_classes, patch_model, fused_submodules)
