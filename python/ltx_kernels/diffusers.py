@@ -3,12 +3,13 @@
 ``inject`` patches module instances of the pipeline's diffusers models (or of one model):
 
 - ``LTXVideoTransformer3DModel``: its blocks run the fused LTX block of
-  :mod:`ltx_kernels.integrations.diffusers.ltx_video` (AdaLN norms, QK-norm + RoPE with in-kernel angles, gated
-  residuals fused with the next norm, fused output norm);
+  :mod:`ltx_kernels.integrations.diffusers.ltx_video` (AdaLN norms, QK-norm + RoPE with
+  in-kernel angles, gated residuals fused with the next norm, fused output norm);
 - ``FluxTransformer2DModel``: its double- and single-stream blocks run the fused forwards of
-  :mod:`ltx_kernels.integrations.diffusers.flux` (gated residuals, norm2 + modulation, the single blocks' GELU
-  projection);
-- ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks (:mod:`ltx_kernels.integrations.diffusers.sd3`);
+  :mod:`ltx_kernels.integrations.diffusers.flux` (gated residuals, norm2 + modulation, the
+  single blocks' GELU projection);
+- ``SD3Transformer2DModel`` (SD3, SD3.5): its joint blocks
+  (:mod:`ltx_kernels.integrations.diffusers.sd3`);
 - ``WanTransformer3DModel`` (Wan 2.1 / 2.2): its blocks' norms + modulation, gated residuals
   and self-attention RoPE (:mod:`ltx_kernels.integrations.diffusers.wan`);
 - any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
