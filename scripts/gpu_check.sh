@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
 # time per command is limited (stages: cpp sanitize py py1 py2 bench gemm attention e2e fidelity flux cache llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step; the cached denoising loop) and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
@@ -51,7 +51,13 @@ fi
 # machines whose time per command is shorter than the whole suite. Across
 # GPU_CHECK_WORKERS processes (pytest-xdist; default 15), under GPU_CHECK_PYTEST_TIMEOUT
 # seconds (default none), after which pytest is interrupted and still prints what failed so far.
-files=(tests/python/test_*.py)
+# GPU_CHECK_FILES (test file names, e.g. "test_hub.py test_readme.py") narrows the files to those.
+if [ -n "${GPU_CHECK_FILES:-}" ]; then
+  files=()
+  for f in $GPU_CHECK_FILES; do files+=("tests/python/$f"); done
+else
+  files=(tests/python/test_*.py)
+fi
 half=$(( ${#files[@]} / 2 ))
 for stage in py py1 py2; do
 want $stage || continue
