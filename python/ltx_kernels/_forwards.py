@@ -56,6 +56,17 @@ def gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return _rms_norm(self, x, 1.0)
 
 
+def layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.LayerNorm`` over the last dim (``normalized_shape`` of one size; checked when
+    patched): ``layer_norm(x, weight, bias, eps)``."""
+    params = [p for p in (self.weight, self.bias) if p is not None]
+    if any(p.dtype != x.dtype or is_library_tensor(p) for p in params):
+        return nn.LayerNorm.forward(self, x)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return ops.layer_norm(x, self.weight, self.bias, eps_of(self))
+
+
 def linear_gelu_tanh(proj: nn.Module, x: torch.Tensor, unfused: Callable[[], torch.Tensor],
                      hooked: tuple[nn.Module, ...] = ()) -> torch.Tensor:
     """``gelu_tanh(proj(x))`` as one ``linear_gelu_tanh`` reading ``proj``'s parameters, run

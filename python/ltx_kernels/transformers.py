@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _causal_lm_loss, _fp8, ops
-from ltx_kernels._forwards import eps_of, gemma_rms_norm_forward, rms_norm_forward
+from ltx_kernels._forwards import eps_of, gemma_rms_norm_forward, layer_norm_forward, rms_norm_forward
 from ltx_kernels._patching import Report, call_fused, is_patched, patch, runs_unhooked, unpatch_all, unsupported_reason
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
@@ -48,6 +48,9 @@ SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
 
 # model_type -> class-name prefix in transformers.models.<model_type>.modeling_<model_type>
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+# Architectures whose LayerNorms alone are patched (torch.nn.LayerNorm -> layer_norm); the rest
+# of the model (Falcon: fused QKV attention and its RoPE, a GELU MLP) stays stock.
+LAYER_NORM_MODEL_TYPES = ("falcon",)
 # Gemma's RMSNorm scales by (1 + weight) in fp32 and rounds once.
 _WEIGHT_OFFSET = {"gemma": 1.0}
 # The norm forward for each weight_offset (the one the Kernels Hub layers run too).
@@ -281,6 +284,19 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
             report.patched["attention rotary embedding (apply_rotary_pos_emb)"] += 1
 
 
+def _patch_layer_norms(model: nn.Module, model_type: str, report: Report) -> None:
+    report.notes.append(f"model_type {model_type!r}: its LayerNorms run layer_norm; attention, RoPE and the "
+                        "MLP stay stock")
+    for name, module in model.named_modules():
+        if type(module) is not nn.LayerNorm:
+            continue
+        if len(module.normalized_shape) != 1:
+            report.skipped.append(f"{name}: LayerNorm over {tuple(module.normalized_shape)} (last dim only)")
+            continue
+        patch(module, layer_norm_forward)
+        report.patched["LayerNorm (layer_norm)"] += 1
+
+
 def _patch_norms_by_class_name(model: nn.Module, model_type: str, report: Report) -> None:
     report.skipped.append(
         f"model_type {model_type!r} is not one of {sorted(FAMILIES)}: only RMSNorm modules "
@@ -306,7 +322,7 @@ def _model_type(fn: str, model) -> str:
 
 def _nothing_to_patch(model: nn.Module, model_type: str, precision: str) -> bool:
     """Whether apply would change nothing: not a family of ours, no module named *RMSNorm, bf16."""
-    return (model_type not in FAMILIES and precision == "bf16"
+    return (model_type not in FAMILIES and model_type not in LAYER_NORM_MODEL_TYPES and precision == "bf16"
             and not any(type(m).__name__.endswith("RMSNorm") for m in model.modules()))
 
 
@@ -329,6 +345,9 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     ``logits=None`` (the ``[tokens, vocab]`` logits are never built); see
     ``ltx_kernels._causal_lm_loss`` for when it stays stock.
 
+    Falcon (``model_type="falcon"``): its ``torch.nn.LayerNorm`` modules run ``layer_norm``; its
+    attention, RoPE and MLP stay stock (said in ``report.notes``).
+
     A model apply would not change (a model_type outside the families above, no ``*RMSNorm``
     module, ``precision="bf16"``) raises a ValueError naming its class, model_type and the
     supported ones, before anything changes; ``strict=False`` makes that a warning and returns
@@ -344,7 +363,8 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     report = Report()
     if _nothing_to_patch(model, model_type, precision):
         message = (f"apply: nothing to patch in {type(model).__name__} (model_type {model_type!r}): ltx_kernels "
-                   f"supports the model types {', '.join(sorted(FAMILIES))}, RMSNorm modules of any model, and "
+                   f"supports the model types {', '.join(sorted(FAMILIES))} and {', '.join(LAYER_NORM_MODEL_TYPES)} "
+                   "(its LayerNorms only), RMSNorm modules of any model, and "
                    "any model's linears with precision='fp8'")
         if strict:
             raise ValueError(message)
@@ -358,6 +378,8 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
         if model_type in FAMILIES:
             _patch_family(model, model_type, report)
             _causal_lm_loss.patch_causal_lm(model, report)
+        elif model_type in LAYER_NORM_MODEL_TYPES:
+            _patch_layer_norms(model, model_type, report)
         else:
             _patch_norms_by_class_name(model, model_type, report)
         if precision == "fp8":

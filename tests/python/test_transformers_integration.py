@@ -228,6 +228,61 @@ def test_strict_false_warns_and_returns_an_empty_report():
         lt.apply(model, strict=0)
 
 
+def tiny_falcon(seed=0, **config):
+    """fp32 tiny Falcon; LayerNorm weights and biases randomized so that they matter."""
+    config = AutoConfig.for_model("falcon", vocab_size=211, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, **config)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_(1.0, 0.5)
+                m.bias.normal_(0.0, 0.5)
+    return model
+
+
+FALCON_VARIANTS = {
+    "7b": dict(new_decoder_architecture=False, parallel_attn=True),  # one LayerNorm per layer
+    "40b": dict(new_decoder_architecture=True, num_kv_heads=2),  # ln_attn and ln_mlp
+    "rw-alibi": dict(new_decoder_architecture=False, parallel_attn=False, alibi=True),
+}
+
+
+@pytest.mark.parametrize("variant", FALCON_VARIANTS)
+def test_falcon_layer_norms(variant):
+    """Falcon: every LayerNorm runs layer_norm (the count checked), the rest stays stock, logits
+    match stock in fp32, and remove() restores the stock forwards."""
+    model = tiny_falcon(**FALCON_VARIANTS[variant])
+    ids, mask = prompt()
+    stock = logits(model, ids, mask)
+    report = apply_quietly(model)
+    norms = [m for m in model.modules() if type(m) is torch.nn.LayerNorm]
+    assert dict(report.patched) == {"LayerNorm (layer_norm)": len(norms)} and len(norms) >= 3
+    assert report.notes[0].startswith("model_type 'falcon': its LayerNorms run layer_norm")
+    assert all(m.forward.__func__ is _forwards.layer_norm_forward for m in norms)
+    assert rel(logits(model, ids, mask), stock, mask) < 1e-5
+    assert lt.remove(model) == len(norms)
+    assert torch.equal(logits(model, ids, mask), stock)
+
+
+def test_falcon_bf16_no_worse_than_stock_and_trains():
+    reference = tiny_falcon(**FALCON_VARIANTS["40b"])
+    ids, mask = prompt()
+    exact = logits(reference, ids, mask)
+    stock16 = tiny_falcon(**FALCON_VARIANTS["40b"]).to(torch.bfloat16)
+    ours16 = tiny_falcon(**FALCON_VARIANTS["40b"]).to(torch.bfloat16)
+    apply_quietly(ours16)
+    err_stock, err_ours = rel(logits(stock16, ids, mask), exact, mask), rel(logits(ours16, ids, mask), exact, mask)
+    assert err_ours <= 1.1 * err_stock + 1e-3, (err_ours, err_stock)
+    # gradients flow through the patched norms (layer_norm has a backward)
+    train = tiny_falcon(**FALCON_VARIANTS["7b"]).train()
+    apply_quietly(train)
+    train(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0
+               for m in train.modules() if type(m) is torch.nn.LayerNorm)
+
+
 def test_unsupported_activation_is_reported():
     model = tiny_model("llama", hidden_act="relu")
     with pytest.warns(UserWarning, match="no fused gated op for hidden_act='relu'"):
@@ -294,3 +349,12 @@ def test_cuda_generate_matches_stock_bf16_closely():
         lt.apply(model)
         patched = model.generate(ids, **kwargs)
     assert torch.equal(patched[:, : ids.shape[1] + 1], reference[:, : ids.shape[1] + 1])
+
+
+def test_falcon_compiles_without_graph_breaks():
+    model = tiny_falcon(**FALCON_VARIANTS["7b"])
+    ids, mask = prompt()
+    stock = logits(model, ids, mask)
+    apply_quietly(model)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    assert rel(logits(compiled, ids, mask), stock, mask) < 1e-5
