@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -306,6 +307,16 @@ class Report:
             )
         else:
             self.notes.append(f"{type(model).__name__} is in train mode: every patched module has a backward.")
+
+
+def nothing_to_patch(integration: str, message: str, strict: bool) -> Report:
+    """inject's / apply's answer to a model they would change nothing in: ``message`` (which
+    starts with the call's name) raised as a ValueError, or with ``strict=False`` warned from
+    the caller's caller (the user's line) and an empty report returned."""
+    if strict:
+        raise ValueError(message)
+    warnings.warn(f"ltx_kernels.{integration}.{message}; strict=False: nothing patched", stacklevel=3)
+    return Report()
 
 
 def _trains(kind: str) -> bool:

@@ -52,6 +52,7 @@ from ltx_kernels._patching import (
     is_library_owned,
     is_patched,
     library_owned_modules,
+    nothing_to_patch,
     patch,
     unpatch_all,
     unsupported_reason,
@@ -197,10 +198,8 @@ def inject(
     precision = ops._choice("inject", "precision", precision, _fp8.PRECISIONS)
     fp8_skip = ops._strings("inject", "fp8_skip", fp8_skip)
     _diffusers_attention.check_arguments(attention, _ATTENTION_REGISTERED)
-    if not isinstance(strict, bool):
-        raise TypeError(f"inject: strict must be a bool, got {type(strict).__name__}")
+    strict = ops._flag("inject", "strict", strict)
     models = _models("inject", pipe_or_model)
-    report = Report()
     unsupported = [m for m in models if not _supported(m, attention)]
     if len(unsupported) == len(models):
         names = ", ".join(type(m).__name__ for m in models) or "no diffusers model"
@@ -208,11 +207,9 @@ def inject(
                    f"{', '.join(model_class_names())} and, in any diffusers model, AdaLayerNormZero(Single), "
                    "RMSNorm, GELU(approximate='tanh'), GEGLU, SwiGLU and attention processors that go through "
                    "diffusers' dispatcher (with attention=...)")
-        if strict:
-            raise ValueError(message)
-        warnings.warn(f"ltx_kernels.diffusers.{message}; strict=False: nothing patched", stacklevel=2)
-        return report
+        return nothing_to_patch("diffusers", message, strict)
     models = [m for m in models if m not in unsupported]
+    report = Report()
     report.notes += [f"{type(m).__name__}: nothing ltx_kernels patches in this model; left as it is"
                      for m in unsupported]
     for model in models:

@@ -40,7 +40,16 @@ from torch import nn
 
 from ltx_kernels import _causal_lm_loss, _fp8, ops
 from ltx_kernels._forwards import eps_of, gemma_rms_norm_forward, layer_norm_forward, rms_norm_forward
-from ltx_kernels._patching import Report, call_fused, is_patched, patch, runs_unhooked, unpatch_all, unsupported_reason
+from ltx_kernels._patching import (
+    Report,
+    call_fused,
+    is_patched,
+    nothing_to_patch,
+    patch,
+    runs_unhooked,
+    unpatch_all,
+    unsupported_reason,
+)
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -357,19 +366,15 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     model_type = _model_type("apply", model)
     precision = ops._choice("apply", "precision", precision, _fp8.PRECISIONS)
     fp8_skip = ops._strings("apply", "fp8_skip", fp8_skip)
-    if not isinstance(strict, bool):
-        raise TypeError(f"apply: strict must be a bool, got {type(strict).__name__}")
+    strict = ops._flag("apply", "strict", strict)
     _fp8.check_precision(model, precision)
-    report = Report()
     if _nothing_to_patch(model, model_type, precision):
         message = (f"apply: nothing to patch in {type(model).__name__} (model_type {model_type!r}): ltx_kernels "
                    f"supports the model types {', '.join(sorted(FAMILIES))} and {', '.join(LAYER_NORM_MODEL_TYPES)} "
                    "(its LayerNorms only), RMSNorm modules of any model, and "
                    "any model's linears with precision='fp8'")
-        if strict:
-            raise ValueError(message)
-        warnings.warn(f"ltx_kernels.transformers.{message}; strict=False: nothing patched", stacklevel=2)
-        return report
+        return nothing_to_patch("transformers", message, strict)
+    report = Report()
     if any(is_patched(m) for m in model.modules()):
         report.skipped.append("already patched by ltx_kernels: nothing new patched")
     elif (problem := unsupported_reason(model)) is not None:
