@@ -1,21 +1,24 @@
 // The Hopper attention kernel (sm_90a): FlashAttention-3's warp-specialized layout, CuTe's
 // MMA atoms and descriptors, TMA loads.
 //
-// A CTA of three warpgroups computes kBlockM = 128 query rows of one (batch, head): warpgroup
-// 0 is the producer (one thread issues every TMA load; the group gives its registers to the
-// others with setmaxnreg), warpgroups 1 and 2 each own 64 rows (wgmma's M) and walk the keys
-// BLOCK_N at a time. Q is loaded once; K and V^T tiles go through a kStages-deep ring of
+// A CTA computes kBlockM query rows of one (batch, head) with 1 + kConsumers warpgroups:
+// warpgroup 0 is the producer (one thread issues every TMA load; the group gives its
+// registers to the others with setmaxnreg), the consumer warpgroups each own 64 rows (wgmma's
+// M) and walk the keys BLOCK_N at a time (TileShape; two or three consumers, picked per call
+// by launch_shape). Q is loaded once; K and V^T tiles go through a kStages-deep ring of
 // shared-memory stages, each with a "full" mbarrier (the producer's TMA bytes landed) and an
-// "empty" one (both consumer warpgroups are done with it). S = Q K^T reads Q and K from shared
+// "empty" one (every consumer warp is done with it). S = Q K^T reads Q and K from shared
 // memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
-// softmax runs on the accumulators in registers; P, rounded to the input dtype, stays in
-// registers as the A operand of O += P V (m64nDk16), whose B operand is V transposed to
-// [D, keys] by a small pass first (wgmma reads 16-bit B from shared memory K-major; V's rows
-// are keys). TMA writes each tile in the 64/128-byte swizzle that the wgmma descriptors read
-// (core/smem_tile.cuh's layout); rows past a tensor's end arrive as zeros. Inside a consumer
-// warpgroup, the softmax of one step overlaps the previous step's P V (see the main loop).
-// Next steps (the issue's design): ping-pong of the two consumer warpgroups (named barriers),
-// per-head-dim tiles, FP8 P V, persistent scheduling.
+// softmax runs on the accumulators in registers (in place for 16-bit inputs, the scale folded
+// into the exponent's FMA); P, rounded to the input dtype, stays in registers as the A operand
+// of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small pass first
+// (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). TMA writes each tile
+// in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
+// rows past a tensor's end arrive as zeros. Inside a consumer warpgroup, the softmax of one
+// step overlaps the previous step's P V (see the main loop). Measured and not kept: a
+// scheduler barrier making the consumer warpgroups issue their GEMMs in turn (no gain at any
+// shape, benchmarks/results/h100/attention_tiles.md). Next steps (the issue's design):
+// persistent scheduling with the epilogue overlapped, FP8 P V.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,8 +27,7 @@
 #include <utility>
 
 #include <cute/arch/copy_sm90_tma.hpp>
-#include <cute/arch/mma_sm90_desc.hpp>
-#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cuda_host_adapter.hpp>
@@ -41,17 +43,26 @@ namespace {
 
 namespace gmma = cute::SM90::GMMA;
 
-constexpr int kConsumers = 2;                     // warpgroups computing, 64 rows each
-constexpr int kThreads = 128 * (1 + kConsumers);  // and one producer warpgroup
-constexpr int kRowsPerConsumer = 64;              // wgmma's M
-constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+constexpr int kRowsPerConsumer = 64;  // wgmma's M
 constexpr int kStages = 3;  // K and V of a step are released one step late (overlap)
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kRowsPerConsumer == kQuantBlock, "one q scale per consumer warpgroup");
 
-// Keys per step (one CTA per SM: registers for two S tiles' worth are there).
-constexpr int block_n(int d) { return d == 64 ? 128 : 64; }
-static_assert(kHopperBlockN % block_n(64) == 0 && kHopperBlockN % block_n(128) == 0, "V^T padding");
+// The tile of one kernel: CONSUMERS warpgroups of 64 query rows each (plus the producer's),
+// BLOCK_N keys per step. One CTA per SM: setmaxnreg moves the producer's registers to the
+// consumers (65536 per SM: 24 + 2 x 240 or 32 + 3 x 160 per thread), whose S, P and O tiles
+// must fit in them.
+template <int CONSUMERS, int BLOCK_N>
+struct TileShape {
+  static constexpr int kConsumers = CONSUMERS, kBlockN = BLOCK_N;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(kBlockN % 64 == 0, "V^T tiles of whole 128-byte column blocks");
+  static_assert(kHopperBlockN % kBlockN == 0, "V^T keys padded to whole steps (attention_workspace.h)");
+};
 
 // An INT8 score (an int32 of magnitude < 2^22: a sum of at most 128 products of int8, < 2^21)
 // as fp32, exactly, on the ALU instead of the conversion unit (which the exponentials already
@@ -83,31 +94,17 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t tile, int row0, int k_by
   return d.desc_;
 }
 
+// The wgmma atoms, picked by CuTe's selectors for a tile shape: S = Q K^T (m64 nN, Q and K
+// K-major in shared memory; INT8 k32 with int32 sums), and O += P V (m64 nD k16, P from
+// registers, V^T K-major in shared memory).
+template <typename T>
+using CuteType = std::conditional_t<std::is_same_v<T, __half>, cutlass::half_t, cutlass::bfloat16_t>;
 template <typename T, bool INT8, int N>
-struct QKMma;  // m64 nN: 64 query rows x N keys
-template <>
-struct QKMma<__nv_bfloat16, false, 128> { using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct QKMma<__nv_bfloat16, false, 64> { using type = gmma::MMA_64x64x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct QKMma<__half, false, 128> { using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct QKMma<__half, false, 64> { using type = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>; };
-template <typename T>
-struct QKMma<T, true, 128> { using type = gmma::MMA_64x128x32_S32S8S8_SS_TN; };
-template <typename T>
-struct QKMma<T, true, 64> { using type = gmma::MMA_64x64x32_S32S8S8_SS_TN; };
-
+using QKMma = std::conditional_t<
+    INT8, decltype(gmma::ss_op_selector<int8_t, int8_t, int32_t, cute::Shape<cute::_64, cute::Int<N>, cute::_32>>()),
+    decltype(gmma::ss_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
 template <typename T, int D>
-struct PVMma;  // m64 nD k16, A (P) in registers
-template <>
-struct PVMma<__nv_bfloat16, 64> { using type = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct PVMma<__nv_bfloat16, 128> { using type = gmma::MMA_64x128x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct PVMma<__half, 64> { using type = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::K>; };
-template <>
-struct PVMma<__half, 128> { using type = gmma::MMA_64x128x16_F32F16F16_RS<gmma::Major::K, gmma::Major::K>; };
+using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<D>, cute::_16>>());
 
 // The atoms take each accumulator register as an argument.
 template <class MMA, typename Acc, size_t... I>
@@ -117,6 +114,17 @@ __device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, Acc* d, gmma::Sca
 template <class MMA, size_t... I>
 __device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float* d, std::index_sequence<I...>) {
   MMA::fma(a[0], a[1], a[2], a[3], b, d[I]..., gmma::ScaleOut::One);
+}
+
+// The array the exponentials of a step go to: a 16-bit path's fp32 scores, in place (one tile
+// of registers, not two); an INT8 path's int32 scores need their own.
+template <bool INT8, class OWN, class SCORES>
+__device__ __forceinline__ auto& in_place(OWN& own, SCORES& scores) {
+  if constexpr (INT8) {
+    return own;
+  } else {
+    return scores;
+  }
 }
 
 template <typename Acc, int N>
@@ -144,8 +152,8 @@ __device__ __forceinline__ void tma_tile(const CUtensorMap& map, uint64_t* bar, 
   }
 }
 
-template <typename T, int D, bool INT8>
-__global__ void __launch_bounds__(kThreads, 1)
+template <typename T, int D, bool INT8, class SHAPE>
+__global__ void __launch_bounds__(SHAPE::kThreads, 1)
     attention_sm90_kernel(const AttentionParams p, const AttentionWorkspace w, const __grid_constant__ TmaMaps maps) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   using QK = std::conditional_t<INT8, int8_t, T>;
@@ -153,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
   constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
-  constexpr int kBlockN = block_n(D);
+  constexpr int kConsumers = SHAPE::kConsumers, kBlockN = SHAPE::kBlockN, kBlockM = SHAPE::kBlockM;
   constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using KTile = core::SmemTile<kBlockN, kQKRow>;
@@ -181,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     Barrier::init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full[s], 1);
-      Barrier::init(&empty[s], kConsumers);  // one arrival per consumer warpgroup
+      Barrier::init(&empty[s], 4 * kConsumers);  // one arrival per consumer warp
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer: one thread issues every load; the rest of the warpgroup idles.
-    cutlass::arch::warpgroup_reg_dealloc<24>();
+    cutlass::arch::warpgroup_reg_dealloc<SHAPE::kProducerRegs>();
     if (threadIdx.x != 0) return;
     Barrier::arrive_and_expect_tx(q_full, kConsumers * QTile::kBytes);
 #pragma unroll
@@ -209,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  cutlass::arch::warpgroup_reg_alloc<240>();
+  cutlass::arch::warpgroup_reg_alloc<SHAPE::kConsumerRegs>();
 
   // Consumer warpgroup c = wg - 1: query rows m0 .. m0 + 63.
   const int c = wg - 1, t = threadIdx.x % 128;
@@ -234,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_qk = [&](Acc (&s)[kBlockN / 2], uint32_t s_k) {
 #pragma unroll
     for (int ks = 0; ks < kQKSteps; ++ks) {
-      mma_ss<typename QKMma<T, INT8, kBlockN>::type>(descriptor<QTile>(s_q_addr, 0, 32 * ks),
+      mma_ss<QKMma<T, INT8, kBlockN>>(descriptor<QTile>(s_q_addr, 0, 32 * ks),
                                                      descriptor<KTile>(s_k, 0, 32 * ks), s,
                                                      ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
                                                      std::make_index_sequence<kBlockN / 2>{});
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], uint32_t s_v) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<typename PVMma<T, D>::type>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
+      mma_rs<PVMma<T, D>>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
                                          std::make_index_sequence<D / 2>{});
     }
     cute::warpgroup_commit_batch();
@@ -253,14 +261,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The online softmax of one step's scores, in place: sc becomes exp2(score - new max),
   // row_max and row_sum move on, alpha is the factor by which O must shrink. It reads only S,
   // so it runs while the previous step's P V is still in flight.
+  // sc may be s itself (in_place): each element is read before it is written.
   auto softmax = [&](const Acc (&s)[kBlockN / 2], int step, float (&sc)[kBlockN / 2], float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
     // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
     const int n0 = step * kBlockN;
     const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
+    // A 16-bit step without key checks scales inside the exponent (one FMA per score): its
+    // factor is one positive number, so the row max of the raw scores gives the scaled one.
+    const bool fused = !INT8 && !edge && q_factor > 0.0f;
     float step_max[2] = {row_max[0], row_max[1]};
     // The key checks sit outside the element loops: one uniform branch per step.
-    if (!edge) {
+    if (fused) {
+      float raw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) raw[(i % 4) / 2] = fmaxf(raw[(i % 4) / 2], to_float(s[i]));
+      step_max[0] = fmaxf(step_max[0], raw[0] * q_factor);
+      step_max[1] = fmaxf(step_max[1], raw[1] * q_factor);
+    } else if (!edge) {
 #pragma unroll
       for (int i = 0; i < kNTiles; ++i) {
         const float factor = INT8 ? q_factor * k_scale[(n0 + 8 * i) / kQuantBlock] : q_factor;
@@ -296,11 +314,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       row_max[r] = step_max[r];
       row_sum[r] *= alpha[r];
     }
+    if (fused) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) {
-      sc[i] = fast_exp2(sc[i] - base[(i % 4) / 2]);
-      row_sum[(i % 4) / 2] += sc[i];
+      for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_exp2(fmaf(to_float(s[i]), q_factor, -base[(i % 4) / 2]));
+    } else {
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_exp2(sc[i] - base[(i % 4) / 2]);
     }
+#pragma unroll
+    for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += sc[i];
   };
   // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
   // tiles is the A layout of one k-step.
@@ -315,10 +337,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) fence_operands(pa[kk]);
   };
-  // This warpgroup is done with a stage: one arrival (after all its warps are).
+  // This warp is done with a stage (its wgmma reads completed): one arrival.
   auto release = [&](int stage) {
-    cutlass::arch::NamedBarrier::sync(128, 1 + c);
-    if (t == 0) Barrier::arrive(&empty[stage]);
+    if (lane == 0) Barrier::arrive(&empty[stage]);
   };
   auto stage_k = [&](int stage) { return core::smem_addr(s_stage + stage * kStageBytes); };
 
@@ -330,7 +351,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pa[kBlockN / 16][4];
   if (steps > 0) {  // no keys: O stays 0, the row sums 0
     Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
-    float sc[kBlockN / 2], alpha[2];
+    float sc_int8[INT8 ? kBlockN / 2 : 1], alpha[2];
+    float(&sc)[kBlockN / 2] = in_place<INT8>(sc_int8, s);
     Barrier::wait(&full[0], 0);
     fence_operands(s);
     cute::warpgroup_arrive();
@@ -342,7 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int step = 1; step < steps; ++step) {
       const int stage = step % kStages, prev = (step - 1) % kStages;
       Acc s[kBlockN / 2];
-      float sc[kBlockN / 2], alpha[2];
+      float sc_int8[INT8 ? kBlockN / 2 : 1], alpha[2];
+      float(&sc)[kBlockN / 2] = in_place<INT8>(sc_int8, s);
       Barrier::wait(&full[stage], (step / kStages) & 1);
       fence_operands(s);
       fence_p(pa);
@@ -441,11 +464,11 @@ cudaError_t tma_map(CUtensorMap* map, const void* base, int elem_bytes, int64_t 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int D, bool INT8>
+template <typename T, int D, bool INT8, class SHAPE>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
   constexpr int kQKBytes = INT8 ? 1 : 2;
   constexpr int kQKRow = D * kQKBytes;
-  constexpr int kBlockN = block_n(D);
+  constexpr int kConsumers = SHAPE::kConsumers, kBlockN = SHAPE::kBlockN;
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using KTile = core::SmemTile<kBlockN, kQKRow>;
   using VTile = core::SmemTile<D, kBlockN * 2>;
@@ -472,13 +495,42 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
     error = tma_map(&maps.vt, w.vt, 2, w.v_keys, D, p.heads_kv, p.batch, vt, D, VTile::kWidth);
   }
   if (error != cudaSuccess) return error;
-  const auto kernel = attention_sm90_kernel<T, D, INT8>;
+  const auto kernel = attention_sm90_kernel<T, D, INT8, SHAPE>;
   error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (error != cudaSuccess) return error;
-  const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, kBlockM)), static_cast<unsigned>(p.heads_q),
+  const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, SHAPE::kBlockM)), static_cast<unsigned>(p.heads_q),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, kSmem, stream>>>(p, w, maps);
+  kernel<<<grid, SHAPE::kThreads, kSmem, stream>>>(p, w, maps);
   return cudaGetLastError();
+}
+
+// The tile shapes, from a sweep on an H100 (benchmarks/results/h100/attention_tiles.md): 128
+// keys per step; at head_dim 64 three consumer warpgroups (192 query rows per CTA) run ~1.1x
+// faster per row than two, unless the grid's last wave is then emptier (few CTAs: a short
+// sequence or few heads); at 128, two (three do not fit their registers).
+using NarrowTile = TileShape<2, 128>;
+using WideTile = TileShape<3, 128>;
+
+// Whether the wide tile is worth it: query rows per SM, counting the last wave as full.
+bool wide_tile_pays(const AttentionParams& p) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    return false;
+  }
+  const auto wave_rows = [&](int64_t block_m) {
+    const int64_t ctas = host_util::ceil_div(p.seq_q, block_m) * p.heads_q * p.batch;
+    return host_util::ceil_div(ctas, static_cast<int64_t>(sms)) * block_m;
+  };
+  return wave_rows(WideTile::kBlockM) * 10 <= wave_rows(NarrowTile::kBlockM) * 11;
+}
+
+template <typename T, int D, bool INT8>
+cudaError_t launch_shape(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    if (wide_tile_pays(p)) return launch_kernel<T, D, INT8, WideTile>(p, w, stream);
+  }
+  return launch_kernel<T, D, INT8, NarrowTile>(p, w, stream);
 }
 
 template <typename T, int D>
@@ -488,8 +540,8 @@ cudaError_t launch_typed(const AttentionParams& p, const AttentionWorkspace& w, 
                     static_cast<unsigned>(p.batch));
     attention_transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(p, w);
   }
-  return p.precision == AttentionPrecision::kInt8QK ? launch_kernel<T, D, true>(p, w, stream)
-                                                    : launch_kernel<T, D, false>(p, w, stream);
+  return p.precision == AttentionPrecision::kInt8QK ? launch_shape<T, D, true>(p, w, stream)
+                                                    : launch_shape<T, D, false>(p, w, stream);
 }
 
 template <typename T>

@@ -254,6 +254,23 @@ def test_cuda_masks_and_fully_masked_rows(precision, d):
 
 @cuda
 @pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("seq", [190, 383])
+def test_cuda_wide_tiles(precision, dtype, seq):
+    """At head_dim 64 the kernel takes 192 query rows per CTA (three consumer warpgroups)
+    where that leaves the grid's last wave no emptier; the small shapes above all take 128.
+    One head per SM and these lengths make 192 the choice on any GPU (1 wide wave vs 2
+    narrow ones at 190; 2 vs 3 at 383): the last wide block partial, a padding mask too."""
+    heads = torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = on_cuda(*qkv((1, heads, heads, seq, seq, 64), dtype, seed=9))
+    assert_close(ltx_kernels.attention(q, k, v, precision=precision), formula(precision)(q, k, v), dtype)
+    padding = (torch.arange(seq, device="cuda") < seq - 100)[None, None, None, :]
+    out = ltx_kernels.attention(q, k, v, attn_mask=padding, precision=precision)
+    assert_close(out, formula(precision)(q, k, v, padding), dtype)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
 def test_cuda_strided_and_misaligned_views(precision):
     """Views of a fused QKV projection run in place; views whose rows are not 16-byte aligned
     are copied first: both give the contiguous result exactly."""
