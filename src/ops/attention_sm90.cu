@@ -78,21 +78,33 @@ __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp
   return y;
 }
 
-// Descriptor of the wgmma operand held in TILE (K-major, rows = M or N), from row `row0`,
-// starting `k_byte` bytes into the rows: the column block holding that byte, then the 8-row
-// core-matrix groups 8 * W bytes apart; LBO is unused by swizzled K-major layouts.
+// The wgmma descriptor of an operand held in TILE (K-major, rows = M or N), as its two 32-bit
+// words: the high one (the 8-row core-matrix groups 8 * W bytes apart, the swizzle) is the
+// same for every tile of the type; the low one holds the start address in 16-byte units
+// (bits 0-13: any shared address fits, so adding an offset never carries out) and LBO, unused
+// by swizzled K-major layouts. Built once per tile, so that the main loop only adds
+// compile-time offsets (recomputing the bit fields cost ~10 instructions per wgmma).
 template <class TILE>
-__device__ __forceinline__ uint64_t descriptor(uint32_t tile, int row0, int k_byte) {
-  cute::GmmaDescriptor d;
-  const uint32_t addr = tile + (k_byte / TILE::kWidth) * TILE::kRows * TILE::kWidth + row0 * TILE::kWidth +
-                        k_byte % TILE::kWidth;
-  d.bitfield.start_address_ = static_cast<uint16_t>(addr >> 4);
-  d.bitfield.leading_byte_offset_ = 1;
-  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
-  return d.desc_;
-}
+struct Desc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ static Desc of(uint32_t tile) {
+    cute::GmmaDescriptor d;
+    d.bitfield.start_address_ = static_cast<uint16_t>(tile >> 4);
+    d.bitfield.leading_byte_offset_ = 1;
+    d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
+    d.bitfield.base_offset_ = 0;
+    d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
+    return {d.reg32_[0], d.reg32_[1]};
+  }
+  // The tile `bytes` further on in shared memory (a multiple of 16).
+  __device__ __forceinline__ Desc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
+  // The operand starting `k_byte` bytes into the rows: the column block holding that byte,
+  // then the offset inside it.
+  __device__ __forceinline__ uint64_t at(int k_byte) const {
+    const uint32_t offset = (k_byte / TILE::kWidth) * TILE::kRows * TILE::kWidth + k_byte % TILE::kWidth;
+    return static_cast<uint64_t>(hi) << 32 | (lo + (offset >> 4));
+  }
+};
 
 // The wgmma atoms, picked by CuTe's selectors for a tile shape: S = Q K^T (m64 nN, Q and K
 // K-major in shared memory; INT8 k32 with int32 sums), and O += P V (m64 nD k16, P from
@@ -178,7 +190,9 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   uint64_t* full = bars + 1;             // [kStages]
   uint64_t* empty = bars + 1 + kStages;  // [kStages]
 
-  const int wg = threadIdx.x / 128;
+  // (broadcast from lane 0, so that the compiler knows it is warp-uniform and keeps what
+  // derives from it, e.g. the descriptors, in uniform registers)
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int64_t b = blockIdx.z;
   const int h = blockIdx.y, hk = h / static_cast<int>(p.heads_q / p.heads_kv);
   const int seq_q = static_cast<int>(p.seq_q), seq_k = static_cast<int>(p.seq_k);
@@ -224,7 +238,9 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
   const int m0 = static_cast<int>(blockIdx.x) * kBlockM + c * kRowsPerConsumer;
-  const uint32_t s_q_addr = core::smem_addr(s_q + c * QTile::kBytes);
+  const Desc<QTile> q_desc = Desc<QTile>::of(core::smem_addr(s_q + c * QTile::kBytes));
+  const Desc<KTile> k_desc0 = Desc<KTile>::of(core::smem_addr(s_stage));                    // stage 0
+  const Desc<VTile> v_desc0 = Desc<VTile>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
   float q_factor = p.scale * kLog2e;
   // (the second warpgroup of the last CTA may have no rows: its block has no scale)
   if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
@@ -239,22 +255,22 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   Barrier::wait(q_full, 0);
 
   // One step's S = Q K^T, issued without waiting.
-  auto issue_qk = [&](Acc (&s)[kBlockN / 2], uint32_t s_k) {
+  auto issue_qk = [&](Acc (&s)[kBlockN / 2], int stage) {
+    const Desc<KTile> k_desc = k_desc0.plus(stage * kStageBytes);
 #pragma unroll
     for (int ks = 0; ks < kQKSteps; ++ks) {
-      mma_ss<QKMma<T, INT8, kBlockN>>(descriptor<QTile>(s_q_addr, 0, 32 * ks),
-                                                     descriptor<KTile>(s_k, 0, 32 * ks), s,
-                                                     ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
-                                                     std::make_index_sequence<kBlockN / 2>{});
+      mma_ss<QKMma<T, INT8, kBlockN>>(q_desc.at(32 * ks), k_desc.at(32 * ks), s,
+                                      ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                                      std::make_index_sequence<kBlockN / 2>{});
     }
     cute::warpgroup_commit_batch();
   };
   // O += P V of one step, issued without waiting; P stays in registers the wgmma reads.
-  auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], uint32_t s_v) {
+  auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], int stage) {
+    const Desc<VTile> v_desc = v_desc0.plus(stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<PVMma<T, D>>(pa[kk], descriptor<VTile>(s_v, 0, 32 * kk), o,
-                                         std::make_index_sequence<D / 2>{});
+      mma_rs<PVMma<T, D>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<D / 2>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -341,7 +357,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   auto release = [&](int stage) {
     if (lane == 0) Barrier::arrive(&empty[stage]);
   };
-  auto stage_k = [&](int stage) { return core::smem_addr(s_stage + stage * kStageBytes); };
 
   // Intra-warpgroup overlap (FlashAttention-3): step j's Q K_j^T and step j - 1's P V_{j-1}
   // are issued together; the softmax of step j (exponentials on the SFU) runs while the
@@ -356,23 +371,27 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     Barrier::wait(&full[0], 0);
     fence_operands(s);
     cute::warpgroup_arrive();
-    issue_qk(s, stage_k(0));
+    issue_qk(s, 0);
     cute::warpgroup_wait<0>();
     fence_operands(s);
     softmax(s, 0, sc, alpha);  // O is zero: no rescale
     pack_p(sc, pa);
+    // The ring position of this step and the previous one, and the phase of this step's
+    // full barrier, kept as counters (a modulo by 3 costs a multiply-high per step).
+    int stage = 0, prev = 0, phase = 0;
     for (int step = 1; step < steps; ++step) {
-      const int stage = step % kStages, prev = (step - 1) % kStages;
+      prev = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
       Acc s[kBlockN / 2];
       float sc_int8[INT8 ? kBlockN / 2 : 1], alpha[2];
       float(&sc)[kBlockN / 2] = in_place<INT8>(sc_int8, s);
-      Barrier::wait(&full[stage], (step / kStages) & 1);
+      Barrier::wait(&full[stage], phase);
       fence_operands(s);
       fence_p(pa);
       fence_operands(o);
       cute::warpgroup_arrive();
-      issue_qk(s, stage_k(stage));
-      issue_pv(pa, stage_k(prev) + KTile::kBytes);
+      issue_qk(s, stage);
+      issue_pv(pa, prev);
       cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
       fence_operands(s);
       softmax(s, step, sc, alpha);
@@ -387,11 +406,11 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     fence_p(pa);
     fence_operands(o);
     cute::warpgroup_arrive();
-    issue_pv(pa, stage_k((steps - 1) % kStages) + KTile::kBytes);
+    issue_pv(pa, stage);
     cute::warpgroup_wait<0>();
     fence_p(pa);
     fence_operands(o);
-    release((steps - 1) % kStages);
+    release(stage);
   }
 
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
