@@ -46,6 +46,7 @@ namespace gmma = cute::SM90::GMMA;
 constexpr int kRowsPerConsumer = 64;  // wgmma's M
 constexpr int kStages = 3;  // K and V of a step are released one step late (overlap)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kMaxSlack = 8.0f;  // see the softmax: exponentials up to 2^8
 static_assert(kRowsPerConsumer == kQuantBlock, "one q scale per consumer warpgroup");
 
 // The tile of one kernel: CONSUMERS warpgroups of 64 query rows each (plus the producer's),
@@ -319,15 +320,21 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
         }
       }
     }
+    // The running max moves only when a score exceeds it by more than kMaxSlack (log2 units;
+    // FlashAttention-4's lazy rescaling): the exponentials stay <= 2^kMaxSlack, which fp32
+    // sums and 16-bit P hold with the same relative precision, and O is rescaled only in the
+    // few steps where a row's max moves (alpha 1 elsewhere).
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 1));
       step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 2));
+      const bool moves = step_max[r] > row_max[r] + kMaxSlack;  // (-inf + slack is -inf)
+      const float old = row_max[r];
+      if (moves) row_max[r] = step_max[r];
       // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
-      base[r] = step_max[r] == -INFINITY ? 0.0f : step_max[r];
-      alpha[r] = fast_exp2(row_max[r] - base[r]);
-      row_max[r] = step_max[r];
+      base[r] = row_max[r] == -INFINITY ? 0.0f : row_max[r];
+      alpha[r] = moves ? fast_exp2(old - base[r]) : 1.0f;
       row_sum[r] *= alpha[r];
     }
     if (fused) {
@@ -399,8 +406,10 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       fence_p(pa);
       fence_operands(o);
       release(prev);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // (warp-uniform)
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+        for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+      }
       pack_p(sc, pa);
     }
     fence_p(pa);

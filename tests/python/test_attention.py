@@ -271,6 +271,26 @@ def test_cuda_wide_tiles(precision, dtype, seq):
 
 @cuda
 @pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_scores_that_keep_growing(precision, d):
+    """The kernel moves a row's running max only when a score exceeds it by more than 2^8
+    (lazy rescaling): scores that grow along the keys make it move at every step, and one
+    key far above the rest makes it move once, late; both against the formula."""
+    g = torch.Generator().manual_seed(10)
+    q = torch.randn(1, 2, 300, d, generator=g).abs() + 0.5
+    ramp = torch.linspace(0.0, 12.0, 1000)[None, None, :, None]  # scores up to ~12 sqrt(d)
+    k = ramp * (torch.rand(1, 2, 1000, d, generator=g) + 0.5)
+    spike = torch.randn(1, 2, 1000, d, generator=g) * 0.3
+    spike[:, :, 777] = 3.0  # one key ~30 log2 units above the others
+    v = torch.randn(1, 2, 1000, d, generator=g)
+    for keys in (k, spike):
+        qc, kc, vc = (t.bfloat16().cuda() for t in (q, keys, v))
+        out = ltx_kernels.attention(qc, kc, vc, precision=precision)
+        assert_close(out, formula(precision)(qc, kc, vc), torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
 def test_cuda_strided_and_misaligned_views(precision):
     """Views of a fused QKV projection run in place; views whose rows are not 16-byte aligned
     are copied first: both give the contiguous result exactly."""
