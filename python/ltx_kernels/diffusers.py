@@ -12,6 +12,8 @@
   (:mod:`ltx_kernels.integrations.diffusers.sd3`);
 - ``WanTransformer3DModel`` (Wan 2.1 / 2.2): its blocks' norms + modulation, gated residuals
   and self-attention RoPE (:mod:`ltx_kernels.integrations.diffusers.wan`);
+- ``PixArtTransformer2DModel`` / ``DiTTransformer2DModel``: their blocks' norms + modulation
+  and gated residuals (:mod:`ltx_kernels.integrations.diffusers.dit`);
 - any model, by class: diffusers ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` (FLUX, SD3,
   ...) -> ``adaln_layer_norm`` after the module's own modulation linear; diffusers ``RMSNorm`` (with or without weight, without bias) and
   ``torch.nn.RMSNorm`` -> ``rms_norm``; diffusers ``GELU(approximate="tanh")`` ->

@@ -79,19 +79,23 @@ def assert_hooked_call_runs(stock, target, kwargs):
 
 def assert_trains_like_stock(stock, kwargs):
     """``stock`` and an injected copy in train mode: every patched module has a backward and each
-    parameter's gradient is stock's (None where stock's is, e.g. a last block's unused context)."""
+    parameter's gradient is stock's (None where stock's is, e.g. a last block's unused context),
+    within 1e-4 of its norm plus 1e-7 of the largest gradient's (a gradient that is zero in
+    exact arithmetic, e.g. a key bias's under softmax, is rounding noise in both)."""
     stock.train().requires_grad_(True)
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
     assert any("every patched module has a backward" in n for n in report.notes), report.notes
     stock(**kwargs)[0].square().mean().backward()
     model(**kwargs)[0].square().mean().backward()
+    floor = 1e-7 * max(p.grad.norm().item() for p in stock.parameters() if p.grad is not None)
     for (name, p), q in zip(stock.named_parameters(), model.parameters()):
         if p.grad is None:
             assert q.grad is None, name
             continue
         assert q.grad is not None, name
-        assert rel_err(q.grad, p.grad) < 1e-4, name
+        diff = (q.grad - p.grad).norm().item()
+        assert diff <= 1e-4 * p.grad.norm().item() + floor, (name, diff, p.grad.norm().item())
 
 
 def assert_fp8_within_format_error(stock, kwargs):

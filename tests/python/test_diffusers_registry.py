@@ -17,14 +17,16 @@ from ltx_kernels._patching import is_patched  # noqa: E402
 from ltx_kernels.integrations.diffusers import FAMILIES, family_of, flux, model_class_names  # noqa: E402
 from test_diffusers_flux import tiny_flux  # noqa: E402
 
-NAMES = ["LTXVideoTransformer3DModel", "FluxTransformer2DModel", "SD3Transformer2DModel", "WanTransformer3DModel"]
+NAMES = [["LTXVideoTransformer3DModel"], ["FluxTransformer2DModel"], ["SD3Transformer2DModel"],
+         ["WanTransformer3DModel"], ["PixArtTransformer2DModel", "DiTTransformer2DModel"]]
 
 
 def test_each_family_declares_its_classes():
-    assert model_class_names() == NAMES
-    for family, name in zip(FAMILIES, NAMES):
-        (cls,) = family.classes()
-        assert cls.__name__ == name and cls.__module__.startswith("diffusers.")
+    assert model_class_names() == [name for names in NAMES for name in names]
+    for family, names in zip(FAMILIES, NAMES, strict=True):
+        classes = family.classes()
+        assert [cls.__name__ for cls in classes] == names
+        assert all(cls.__module__.startswith("diffusers.") for cls in classes)
 
 
 def test_family_of_an_instance_and_of_a_subclass():

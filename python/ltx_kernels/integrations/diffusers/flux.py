@@ -75,13 +75,15 @@ def _attn_problem(attn: nn.Module) -> str | None:
     return None
 
 
-def _plain_layer_norm(norm: nn.Module) -> bool:
+def plain_layer_norm(norm: nn.Module) -> bool:
+    """Whether ``norm`` is what ``adaln_layer_norm`` computes: a torch LayerNorm over the last
+    dim without affine. Shared by the DiT integrations."""
     return type(norm) is nn.LayerNorm and norm.weight is None and norm.bias is None and len(norm.normalized_shape) == 1
 
 
 def adaln_zero_problem(module: nn.Module) -> str | None:
     """Why an AdaLayerNormZero(Single) cannot take the fused forward, or None."""
-    if not _plain_layer_norm(module.norm):
+    if not plain_layer_norm(module.norm):
         return f"its norm is {type(module.norm).__name__} (the fused op is a LayerNorm without affine)"
     return None
 
@@ -163,7 +165,7 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
 
 
 def _block_problem(block: nn.Module) -> str | None:
-    if not (_plain_layer_norm(block.norm2) and _plain_layer_norm(block.norm2_context)):
+    if not (plain_layer_norm(block.norm2) and plain_layer_norm(block.norm2_context)):
         return "norm2 / norm2_context are not LayerNorms without affine"
     return None
 

@@ -15,7 +15,7 @@ from ltx_kernels import ops
 from ltx_kernels._patching import is_patched
 from ltx_kernels.integrations.family import Family
 
-from .flux import feed_forward_update, patch_blocks
+from .flux import feed_forward_update, patch_blocks, plain_layer_norm
 
 BLOCK_KIND = "JointTransformerBlock (gated_residual, adaln_layer_norm)"
 
@@ -55,7 +55,7 @@ def _block_problem(block: nn.Module) -> str | None:
     if block._chunk_size is not None:
         return "feed-forward chunking is on (set_chunk_feed_forward)"
     norms = [block.norm2] + ([] if block.context_pre_only else [block.norm2_context])
-    if not all(type(n) is nn.LayerNorm and n.weight is None and n.bias is None for n in norms):
+    if not all(plain_layer_norm(n) for n in norms):
         return "norm2 / norm2_context are not LayerNorms without affine"
     return None
 

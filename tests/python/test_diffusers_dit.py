@@ -1,0 +1,163 @@
+"""PixArt and DiT under inject (issue 20): their BasicTransformerBlocks (AdaLN-single with the
+block's scale-shift table, AdaLN-Zero with its norm3) fused against the stock model, with
+cross-attention and its key mask (PixArt) and class labels (DiT); bf16, hooks, chunking, other
+norm types staying stock, compile, training, FP8 and remove()."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+pytest.importorskip("diffusers")
+from diffusers import DiTTransformer2DModel, PixArtTransformer2DModel  # noqa: E402
+
+import ltx_kernels.diffusers as lkd  # noqa: E402
+from ltx_kernels._patching import is_patched  # noqa: E402
+from ltx_kernels.integrations.diffusers import dit, flux  # noqa: E402
+from test_diffusers_flux import (  # noqa: E402
+    assert_bf16_no_worse_than_stock,
+    assert_fp8_within_format_error,
+    assert_hooked_call_runs,
+    assert_trains_like_stock,
+    inject_quietly,
+)
+
+
+def _scaled(model):
+    """Modulation tables and AdaLN linears scaled up so that the modulation matters."""
+    for name, p in model.named_parameters():
+        if "scale_shift_table" in name or ("norm1" in name and "linear" in name) or "adaln_single.linear" in name:
+            p.data.normal_(0.0, 0.3)
+    return model.eval().requires_grad_(False)
+
+
+def tiny_pixart(seed=0):
+    """fp32 tiny PixArt-Σ-shaped transformer: 2 blocks, cross-attention to 7 caption tokens."""
+    torch.manual_seed(seed)
+    return _scaled(PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=2,
+        cross_attention_dim=32, sample_size=8, patch_size=2, caption_channels=24, norm_num_groups=1,
+        use_additional_conditions=False))
+
+
+def pixart_kwargs(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(2, 7)
+    mask[1, 4:] = 0  # the second caption is padded
+    return dict(hidden_states=torch.randn(2, 4, 8, 8, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, 7, 24, generator=g).to(dtype),
+                encoder_attention_mask=mask, timestep=torch.tensor([10, 500]), return_dict=False)
+
+
+def tiny_dit(seed=0):
+    """fp32 tiny DiT (class-conditional, 2 blocks)."""
+    torch.manual_seed(seed)
+    return _scaled(DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=2,
+                                         sample_size=8, patch_size=2, norm_num_groups=1, num_embeds_ada_norm=10))
+
+
+def dit_kwargs(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(hidden_states=torch.randn(2, 4, 8, 8, generator=g).to(dtype), timestep=torch.tensor([10, 500]),
+                class_labels=torch.tensor([3, 7]), return_dict=False)
+
+
+MODELS = {"pixart": (tiny_pixart, pixart_kwargs), "dit": (tiny_dit, dit_kwargs)}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_blocks_match_stock(name):
+    make, kwargs = MODELS[name]
+    stock = make()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[dit.BLOCK_KIND] == 2, report
+    assert all(is_patched(block) for block in model.transformer_blocks)
+    if name == "dit":  # its norm1 is an AdaLayerNormZero, patched by class
+        assert report.patched[flux.ADALN_KIND] == 2, report
+    with torch.no_grad():
+        assert rel_err(model(**kwargs())[0], stock(**kwargs())[0]) < 1e-5
+
+
+def test_the_fused_ops_run(monkeypatch):
+    """The patched blocks reach adaln_layer_norm and gated_residual (two each per block), not
+    the stock arithmetic: counted through the ops module the integrations call."""
+    from ltx_kernels import ops
+
+    calls = {"adaln_layer_norm": 0, "gated_residual": 0}
+    for op in calls:
+        original = getattr(ops, op)
+
+        def counted(*args, _op=op, _original=original, **kwargs):
+            calls[_op] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(ops, op, counted)
+    model = tiny_pixart()
+    inject_quietly(model)
+    with torch.no_grad():
+        model(**pixart_kwargs())
+    assert calls == {"adaln_layer_norm": 4, "gated_residual": 4}, calls
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bf16_is_as_close_to_fp32_as_stock_bf16(name):
+    make, kwargs = MODELS[name]
+    reference = make()
+    assert_bf16_no_worse_than_stock(reference, copy.deepcopy(reference).to(torch.bfloat16), kwargs)
+
+
+@pytest.mark.parametrize("target", ["transformer_blocks.0.norm1", "transformer_blocks.0.norm2",
+                                    "transformer_blocks.1.ff", "transformer_blocks.0.attn2"])
+def test_hooks_on_pixart_submodules_run(target):
+    assert_hooked_call_runs(tiny_pixart(), target, pixart_kwargs())
+
+
+def test_hooks_on_dit_submodules_run():
+    assert_hooked_call_runs(tiny_dit(), "transformer_blocks.1.norm3", dit_kwargs())
+
+
+def test_feed_forward_chunking_stays_stock_and_is_reported():
+    model = tiny_pixart()
+    model.transformer_blocks[1].set_chunk_feed_forward(4, dim=1)
+    report = inject_quietly(model)
+    assert report.patched[dit.BLOCK_KIND] == 1
+    assert any("chunking" in s for s in report.skipped), report.skipped
+    with torch.no_grad():
+        assert rel_err(model(**pixart_kwargs())[0], tiny_pixart()(**pixart_kwargs())[0]) < 1e-5
+
+
+def test_affine_norms_stay_stock_and_are_reported():
+    stock = tiny_pixart()
+    stock.transformer_blocks[0].norm2 = torch.nn.LayerNorm(32, eps=1e-6)
+    torch.nn.init.normal_(stock.transformer_blocks[0].norm2.weight)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[dit.BLOCK_KIND] == 1
+    assert any("norm2 is not a LayerNorm without affine" in s for s in report.skipped), report.skipped
+    with torch.no_grad():
+        assert rel_err(model(**pixart_kwargs())[0], stock(**pixart_kwargs())[0]) < 1e-5
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_remove_compile_and_training(name):
+    make, kwargs = MODELS[name]
+    stock = make()
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        assert rel_err(compiled(**kwargs())[0], model(**kwargs())[0]) < 1e-6
+    assert lkd.remove(model) > 0 and not any(is_patched(m) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(**kwargs())[0], stock(**kwargs())[0])
+
+    assert_trains_like_stock(stock, kwargs())
+
+
+def test_fp8_linears_under_the_fused_blocks():
+    report = assert_fp8_within_format_error(tiny_pixart(), pixart_kwargs())
+    assert report.patched[dit.BLOCK_KIND] == 2, report
