@@ -161,3 +161,33 @@ def test_remove_compile_and_training(name):
 def test_fp8_linears_under_the_fused_blocks():
     report = assert_fp8_within_format_error(tiny_pixart(), pixart_kwargs())
     assert report.patched[dit.BLOCK_KIND] == 2, report
+
+
+@pytest.mark.parametrize("config", ["pixart-tiny", "dit-tiny"])
+def test_benchmark_inputs_run_on_the_tiny_configs(config):
+    """The PixArt / DiT benchmark's models and inputs (its GPU run uses the full-size configs),
+    on the CPU at the tiny ones, stock and injected."""
+    from ltx_kernels.bench import dit_e2e
+
+    model = dit_e2e.random_transformer(config, torch.float32, "cpu")
+    kw = dit_e2e.step_inputs(model, config, 64, "cpu")
+    with torch.no_grad():
+        ref = model(**kw)[0]
+        report = inject_quietly(model)
+        assert report.patched[dit.BLOCK_KIND] == 2, report
+        assert ref.shape == (2, 8, 8, 8) and rel_err(model(**kw)[0], ref) < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["compile", "ours+compile"])
+def test_benchmark_compiles_the_blocks_of_models_that_declare_none(mode):
+    """PixArt and DiT declare no repeated blocks for diffusers' compile_repeated_blocks: the
+    benchmark's compile modes compile each BasicTransformerBlock (lazily: nothing runs here)."""
+    from ltx_kernels.bench.ltx_e2e import set_mode
+
+    model = tiny_pixart()
+    assert not getattr(model, "_repeated_blocks", None)
+    set_mode(model, mode)
+    assert all(block._compiled_call_impl is not None for block in model.transformer_blocks)
+    assert all(is_patched(block) == mode.startswith("ours") for block in model.transformer_blocks)
+    set_mode(model, "eager")
+    assert all(block._compiled_call_impl is None and not is_patched(block) for block in model.transformer_blocks)

@@ -64,15 +64,18 @@ def step_inputs(model, height: int, width: int, text_tokens: int, device) -> dic
     )
 
 
-def run(stock, fresh, args, modes) -> list[dict]:
+def run(stock, fresh, inputs, modes, reps: int) -> list[dict]:
+    """Times one step per mode: ``stock`` (None if only quantized modes run) for the others,
+    ``fresh()`` a new model for each quantized one, ``inputs(model)`` the step's kwargs. Shared
+    by the image-model benchmarks."""
     reference, rows = None, []
     for mode in modes:
         model = fresh() if mode in QUANTIZED else stock
-        kw = step_inputs(model, args.height, args.width, args.text_tokens, "cuda")
+        kw = inputs(model)
         set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"mode": mode, "tokens": kw["hidden_states"].shape[1]}
         with torch.no_grad():
-            reference = measure_step(lambda: model(**kw)[0], mode, args.reps, reference, row)
+            reference = measure_step(lambda: model(**kw)[0], mode, reps, reference, row)
         rows.append(row)
         print(_row_line(row), flush=True)
         del model
@@ -88,11 +91,12 @@ def _row_line(r: dict) -> str:
             f"{k['other']:.1f} | {r['err_vs_eager']:.2e} | {r['first_call_s']:.1f} |")
 
 
-def markdown(rows: list[dict], meta: dict, args) -> str:
-    head = (f"FLUX.1-{args.config} transformer, random weights, bf16, batch 1, {args.text_tokens} text tokens, "
-            f"{args.height}x{args.width} ({rows[0]['tokens'] if rows else '-'} image tokens); {meta['gpu']}, torch "
-            f"{meta['torch']}. Step: median of {args.reps} CUDA-event-timed forwards after warm-up; kernel split "
-            "from the profiler, GPU ms.\n\n")
+def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
+    """The table of ``run``'s rows under a line saying what ``model`` ran (its sizes), and the
+    speed-ups against the anchors."""
+    head = (f"{model} ({rows[0]['tokens'] if rows else '-'} image tokens); {meta['gpu']}, torch {meta['torch']}. "
+            f"Step: median of {reps} CUDA-event-timed forwards after warm-up; kernel split from the profiler, "
+            "GPU ms.\n\n")
     lines = ["| mode | step ms | peak GiB | GEMM / attention / other ms | err vs eager | first call s |",
              "|---|---|---|---|---|---|"] + [_row_line(r) for r in rows]
     by = {r["mode"]: r["step_ms"] for r in rows}
@@ -102,6 +106,14 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``run`` and the report, shared by the image-model benchmarks."""
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.flux_e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--text-tokens", type=int, default=512)
-    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--json")
-    parser.add_argument("--markdown")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return harness.no_cuda("the FLUX end-to-end benchmark")
@@ -122,9 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return random_transformer(args.config, torch.bfloat16, "cuda")
 
+    def inputs(model):
+        return step_inputs(model, args.height, args.width, args.text_tokens, "cuda")
+
     stock = fresh() if any(m not in QUANTIZED for m in modes) else None
-    rows = run(stock, fresh, args, modes)
-    harness.write_report(markdown(rows, meta, args), meta, rows, args.json, args.markdown)
+    rows = run(stock, fresh, inputs, modes, args.reps)
+    title = (f"FLUX.1-{args.config} transformer, random weights, bf16, batch 1, {args.text_tokens} text tokens, "
+             f"{args.height}x{args.width}")
+    harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)
     return 0
 
 

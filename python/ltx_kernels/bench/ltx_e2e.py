@@ -65,7 +65,20 @@ def set_mode(model, mode: str) -> None:
     elif mode.startswith("torchao"):
         _torchao_fp8(model)
     if mode.endswith("compile"):
+        compile_blocks(model)
+
+
+def compile_blocks(model) -> None:
+    """torch.compile (fullgraph) of the model's repeated blocks, the anchor's recipe: diffusers'
+    ``compile_repeated_blocks`` where the class declares them, else each module of the class of
+    ``transformer_blocks``' first (PixArt and DiT declare none)."""
+    if getattr(model, "_repeated_blocks", None):
         model.compile_repeated_blocks(fullgraph=True)
+        return
+    block_class = type(model.transformer_blocks[0])
+    for module in model.modules():
+        if type(module) is block_class:
+            module.compile(fullgraph=True)
 
 
 def available_modes(modes: list[str]) -> list[str]:
