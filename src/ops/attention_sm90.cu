@@ -10,12 +10,15 @@
 // "empty" one (every consumer warp is done with it). S = Q K^T reads Q and K from shared
 // memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
 // softmax runs on the accumulators in registers (in place for 16-bit inputs, the scale folded
-// into the exponent's FMA); P, rounded to the input dtype, stays in registers as the A operand
-// of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a small pass first
-// (wgmma reads 16-bit B from shared memory K-major; V's rows are keys). TMA writes each tile
+// into the exponent's FMA, the running max moved only when a score exceeds it by a factor
+// over 2^8, so that O is rarely rescaled); P, rounded to the input dtype, stays in registers
+// as the A operand of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a
+// small pass first (the descriptors read B K-major, as FP8 P V will need; for 16-bit V, wgmma
+// could read it MN-major and save that pass: not done yet). TMA writes each tile
 // in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
-// rows past a tensor's end arrive as zeros. Inside a consumer warpgroup, the softmax of one
-// step overlaps the previous step's P V (see the main loop). Measured and not kept: a
+// rows past a tensor's end arrive as zeros; the wgmma descriptors are built once and stepped
+// by constant offsets. Inside a consumer warpgroup, the softmax of one step overlaps the
+// previous step's P V (see the main loop). Measured and not kept: a
 // scheduler barrier making the consumer warpgroups issue their GEMMs in turn (no gain at any
 // shape, benchmarks/results/h100/attention_tiles.md). Next steps (the issue's design):
 // persistent scheduling with the epilogue overlapped, FP8 P V.
@@ -243,7 +246,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const Desc<KTile> k_desc0 = Desc<KTile>::of(core::smem_addr(s_stage));                    // stage 0
   const Desc<VTile> v_desc0 = Desc<VTile>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
   float q_factor = p.scale * kLog2e;
-  // (the second warpgroup of the last CTA may have no rows: its block has no scale)
+  // (a warpgroup of the last CTA may have no rows: its block has no scale)
   if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
   const float* k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
   const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
