@@ -2,7 +2,7 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py py1 py2 bench gemm attention e2e fidelity flux dit cache llm); GPU_CHECK_PYTEST passes extra
+# time per command is limited (stages: cpp sanitize py py1 py2 bench heldout gemm attention e2e fidelity flux dit cache llm); GPU_CHECK_PYTEST passes extra
 # pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_DIT / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
 # (one step), fidelity, PixArt / DiT, LTX-Video cached-loop and LLM end-to-end benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
@@ -89,6 +89,8 @@ bench_stage() {
 # shellcheck disable=SC2086
 {
 bench_stage bench "benchmark" ltx_kernels.bench
+bench_stage heldout "benchmark of the norm family at held-out sizes (D x rows, strided, fp16)" ltx_kernels.bench \
+  --held-out
 bench_stage gemm "GEMM benchmark (bf16, cuBLASLt FP8, ours FP8)" ltx_kernels.bench.gemm
 bench_stage attention "attention benchmark" ltx_kernels.bench.attention
 bench_stage e2e "end-to-end LTX-Video benchmark" ltx_kernels.bench.ltx_e2e ${GPU_CHECK_E2E:-}

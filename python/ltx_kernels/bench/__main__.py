@@ -25,6 +25,12 @@ SHAPES = [
     ("small 64x2048", 64, 2048),
 ]
 IMPLS = ["ltx_kernels", "eager", "compile", "liger"]
+# --held-out: sizes nothing was tuned to, for the norm family: every D x rows, in bf16
+# (contiguous and with a row stride > D) and fp16.
+HELD_OUT_D = (1536, 2560, 3072, 4096, 5120)
+HELD_OUT_ROWS = (1, 7, 64, 1000, 5376, 16128, 65536)
+HELD_OUT_VARIANTS = (("bf16", torch.bfloat16, False), ("bf16 strided", torch.bfloat16, True),
+                     ("fp16", torch.float16, False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", help="write the table to this markdown file")
     parser.add_argument("--ops", nargs="*", help="only these ops (default: all)")
     parser.add_argument("--shapes", nargs="*", help="only shapes whose label starts with these")
+    parser.add_argument("--held-out", action="store_true",
+                        help="the norm family at held-out sizes (D x rows, strided, fp16) instead of the listed shapes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return harness.no_cuda("ltx-kernels bench")
@@ -40,17 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = harness.copy_bandwidth_gbs()
     meta = harness.device_meta(copy_gbs)
     print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
-    shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
-    ltx_shapes = [s for s in shapes if s[0].startswith("ltx")]
-    llm_shapes = [s for s in shapes if s[0].startswith("llm")]
-    cases = (norm.cases(shapes) + adaln.cases(ltx_shapes) + elementwise.cases(ltx_shapes, llm_shapes)
-             + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes))
+    if args.held_out:
+        cases = [c for tag, dtype, strided in HELD_OUT_VARIANTS
+                 for c in norm.cases([(f"{rows}x{d} {tag}", rows, d) for d in HELD_OUT_D for rows in HELD_OUT_ROWS],
+                                     dtype, strided)]
+    else:
+        shapes = [s for s in SHAPES if not args.shapes or any(s[0].startswith(p) for p in args.shapes)]
+        ltx_shapes = [s for s in shapes if s[0].startswith("ltx")]
+        llm_shapes = [s for s in shapes if s[0].startswith("llm")]
+        cases = (norm.cases(shapes) + adaln.cases(ltx_shapes) + elementwise.cases(ltx_shapes, llm_shapes)
+                 + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes))
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
     results = harness.run_cases(cases, copy_gbs)
-    table = harness.markdown_table(results, IMPLS)
+    table = harness.markdown_table(results, IMPLS) + "\n\n" + harness.worst_speedups(results)
+    dtypes = "bf16 and fp16 as labelled" if args.held_out else "bf16"
     header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
-              "bf16, us (% of copy bandwidth): median GPU time, L2 flushed, host launch overhead excluded.\n\n")
+              f"{dtypes}, us (% of copy bandwidth): median GPU time, L2 flushed, host launch overhead excluded.\n\n")
     print()
     print(header + table)
     if args.json:

@@ -140,6 +140,26 @@ def markdown_table(results: list[Result], impls: list[str]) -> str:
     return "\n".join(lines)
 
 
+def worst_speedups(results: list[Result]) -> str:
+    """Per op, ours vs the best anchor at its worst shape (the number a user at that shape
+    sees), and on how many shapes ours is slower, as markdown lines."""
+    ratios: dict[str, list[tuple[float, str]]] = {}
+    by_case: dict[tuple[str, str], dict[str, float]] = {}
+    for r in results:
+        by_case.setdefault((r.op, r.shape), {})[r.impl] = r.us
+    for (op, shape), us in by_case.items():
+        anchors = [t for impl, t in us.items() if impl != "ltx_kernels"]
+        if "ltx_kernels" in us and anchors:
+            ratios.setdefault(op, []).append((min(anchors) / us["ltx_kernels"], shape))
+    lines = []
+    for op, values in ratios.items():
+        worst, shape = min(values)
+        slower = sum(v < 1.0 for v, _ in values)
+        lines.append(f"- {op}: worst {worst:.2f}x vs the best anchor ({shape}); slower on {slower} of "
+                     f"{len(values)} shapes")
+    return "\n".join(lines)
+
+
 def write_json(path: str, meta: dict, results: list[Result]) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)

@@ -41,14 +41,16 @@ def _liger():
     return LigerRMSNormFunction, LigerLayerNormFunction, LigerFusedAddRMSNormFunction
 
 
-def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16) -> list[Case]:
+def cases(shapes: list[tuple[str, int, int]], dtype=torch.bfloat16, strided: bool = False) -> list[Case]:
+    """rms_norm, fused_add_rms_norm and layer_norm at each (label, rows, D); ``strided``: x is a
+    view whose rows are 64 elements further apart than D (a slice of a wider tensor)."""
     liger = _liger()
     compiled_rms = torch.compile(eager_rms_norm)
     compiled_add = torch.compile(eager_fused_add_rms_norm)
     compiled_ln = torch.compile(eager_layer_norm)
     out = []
     for label, rows, d in shapes:
-        x = torch.randn(rows, d, device="cuda", dtype=dtype)
+        x = torch.randn(rows, d + 64 if strided else d, device="cuda", dtype=dtype)[:, :d]
         r = torch.randn(rows, d, device="cuda", dtype=dtype)
         w = torch.randn(d, device="cuda", dtype=dtype)
         b = torch.randn(d, device="cuda", dtype=dtype)

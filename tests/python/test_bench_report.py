@@ -1,0 +1,37 @@
+"""The ops benchmark's report, on the CPU: the worst speed-up per op against the best anchor
+(issue 18's held-out run reads it), and --held-out reaching the no-GPU message."""
+
+import torch
+
+from ltx_kernels.bench import __main__ as bench
+from ltx_kernels.bench.harness import Result, worst_speedups
+
+
+def result(op, shape, impl, us):
+    return Result(op, shape, impl, us, 0.0, 0.0)
+
+
+def test_worst_speedup_is_against_the_fastest_anchor_at_the_worst_shape():
+    results = [
+        result("rms_norm", "1x1536 bf16", "ltx_kernels", 4.0), result("rms_norm", "1x1536 bf16", "eager", 8.0),
+        result("rms_norm", "1x1536 bf16", "liger", 5.0),  # 1.25x: ours faster
+        result("rms_norm", "7x2560 fp16", "ltx_kernels", 10.0), result("rms_norm", "7x2560 fp16", "eager", 20.0),
+        result("rms_norm", "7x2560 fp16", "compile", 7.0),  # 0.70x: the worst, against compile
+        result("rms_norm", "64x3072 bf16", "ltx_kernels", 10.0), result("rms_norm", "64x3072 bf16", "eager", 9.0),
+        result("layer_norm", "1x1536 bf16", "ltx_kernels", 3.0), result("layer_norm", "1x1536 bf16", "eager", 6.0),
+        result("layer_norm", "7x1536 bf16", "eager", 6.0),  # ours did not run here: no ratio
+    ]
+    lines = worst_speedups(results).splitlines()
+    assert lines == ["- rms_norm: worst 0.70x vs the best anchor (7x2560 fp16); slower on 2 of 3 shapes",
+                     "- layer_norm: worst 2.00x vs the best anchor (1x1536 bf16); slower on 0 of 1 shapes"]
+
+
+def test_held_out_sizes_cover_every_d_and_row_count():
+    assert len(bench.HELD_OUT_D) == 5 and len(bench.HELD_OUT_ROWS) == 7
+    assert {tag for tag, _, _ in bench.HELD_OUT_VARIANTS} == {"bf16", "bf16 strided", "fp16"}
+
+
+def test_held_out_run_says_it_needs_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--held-out"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
