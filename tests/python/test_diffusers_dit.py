@@ -15,7 +15,7 @@ from diffusers import DiTTransformer2DModel, PixArtTransformer2DModel  # noqa: E
 
 import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
-from ltx_kernels.integrations.diffusers import dit, flux  # noqa: E402
+from ltx_kernels.integrations.diffusers import dit, flux, sd3  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
     assert_bf16_no_worse_than_stock,
     assert_fp8_within_format_error,
@@ -163,10 +163,11 @@ def test_fp8_linears_under_the_fused_blocks():
     assert report.patched[dit.BLOCK_KIND] == 2, report
 
 
-@pytest.mark.parametrize("config", ["pixart-tiny", "dit-tiny"])
-def test_benchmark_inputs_run_on_the_tiny_configs(config):
-    """The PixArt / DiT benchmark's models and inputs (its GPU run uses the full-size configs),
-    on the CPU at the tiny ones, stock and injected."""
+@pytest.mark.parametrize("config, kind, channels", [("pixart-tiny", dit.BLOCK_KIND, 8), ("dit-tiny", dit.BLOCK_KIND, 8),
+                                                   ("sd3-tiny", sd3.BLOCK_KIND, 4)])
+def test_benchmark_inputs_run_on_the_tiny_configs(config, kind, channels):
+    """The image DiT benchmark's models and inputs (its GPU run uses the full-size configs), on
+    the CPU at the tiny ones, stock and injected."""
     from ltx_kernels.bench import dit_e2e
 
     model = dit_e2e.random_transformer(config, torch.float32, "cpu")
@@ -174,8 +175,8 @@ def test_benchmark_inputs_run_on_the_tiny_configs(config):
     with torch.no_grad():
         ref = model(**kw)[0]
         report = inject_quietly(model)
-        assert report.patched[dit.BLOCK_KIND] == 2, report
-        assert ref.shape == (2, 8, 8, 8) and rel_err(model(**kw)[0], ref) < 1e-5
+        assert report.patched[kind] == 2, report
+        assert ref.shape == (2, channels, 8, 8) and rel_err(model(**kw)[0], ref) < 1e-5
 
 
 @pytest.mark.parametrize("mode", ["compile", "ours+compile"])

@@ -1,11 +1,14 @@
-"""End-to-end PixArt / DiT benchmark: one transformer step at full size, random weights.
+"""End-to-end image DiT benchmark (PixArt, DiT, SD3): one transformer step at full size,
+random weights.
 
     python -m ltx_kernels.bench.dit_e2e --config pixart-sigma --json pixart.json --markdown pixart.md
 
 ``pixart-sigma``: PixArt-Σ XL/2's transformer at 1024x1024 (28 blocks, D = 1152, 16 heads of 72;
 4096 image tokens), cross-attention to 300 T5 tokens; ``dit-xl``: DiT-XL/2 at 256x256
-(class-conditional, 256 image tokens). bf16, CFG batch 2. The modes of the FLUX benchmark
-(:mod:`ltx_kernels.bench.flux_e2e`), timed the same way.
+(class-conditional, 256 image tokens); ``sd35-large``: SD3.5-large's MMDiT at 1024x1024 (38
+joint blocks, D = 2432, 38 heads of 64, QK RMSNorm), 333 text tokens (77 CLIP + 256 T5). bf16,
+CFG batch 2. The modes of the FLUX benchmark (:mod:`ltx_kernels.bench.flux_e2e`), timed the
+same way.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ CONFIGS = {
     "pixart-tiny": ("PixArtTransformer2DModel", dict(_TINY, cross_attention_dim=32, sample_size=8, caption_channels=24,
                                                      use_additional_conditions=False), 64, 7),
     "dit-tiny": ("DiTTransformer2DModel", dict(_TINY, sample_size=8, num_embeds_ada_norm=10), 64, 0),
+    "sd35-large": ("SD3Transformer2DModel", dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38,
+                                                 attention_head_dim=64, num_attention_heads=38, joint_attention_dim=4096,
+                                                 caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
+                                                 pos_embed_max_size=192, qk_norm="rms_norm"), 1024, 333),
+    "sd3-tiny": ("SD3Transformer2DModel", dict(sample_size=8, patch_size=2, in_channels=4, num_layers=2,
+                                               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                               caption_projection_dim=32, pooled_projection_dim=16, out_channels=4,
+                                               pos_embed_max_size=16, qk_norm="rms_norm"), 64, 5),
 }
 
 
@@ -50,15 +61,19 @@ def random_transformer(config: str, dtype: torch.dtype, device):
 
 def step_inputs(model, config: str, size: int, device) -> dict:
     """One CFG denoising step's inputs (batch 2: conditional and unconditional), seeded: VAE
-    latents (8 pixels each), and T5 caption states with their mask (PixArt) or class labels,
-    the second the null class (DiT)."""
+    latents (8 pixels each), and the text states with their mask (PixArt), the text states
+    and pooled projections (SD3), or class labels, the second the null class (DiT)."""
     g = torch.Generator(device=device).manual_seed(0)
     cfg, dtype = model.config, next(model.parameters()).dtype
     latent = size // 8
     kw = dict(hidden_states=torch.randn(2, cfg.in_channels, latent, latent, generator=g, device=device, dtype=dtype),
               timestep=torch.tensor([500, 500], device=device), return_dict=False)
     text = CONFIGS[config][3]
-    if text:
+    if CONFIGS[config][0] == "SD3Transformer2DModel":
+        kw["encoder_hidden_states"] = torch.randn(2, text, cfg.joint_attention_dim, generator=g, device=device,
+                                                  dtype=dtype)
+        kw["pooled_projections"] = torch.randn(2, cfg.pooled_projection_dim, generator=g, device=device, dtype=dtype)
+    elif text:
         kw["encoder_hidden_states"] = torch.randn(2, text, cfg.caption_channels, generator=g, device=device,
                                                   dtype=dtype)
         kw["encoder_attention_mask"] = torch.ones(2, text, device=device)
@@ -75,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        return harness.no_cuda("the PixArt / DiT end-to-end benchmark")
+        return harness.no_cuda("the image DiT end-to-end benchmark")
     cls, _, default_size, text = CONFIGS[args.config]
     size = args.size or default_size
     meta = dict(harness.device_meta(None), config=args.config, size=size)
