@@ -153,12 +153,9 @@ def main(argv=None) -> dict:
         torch.save(images.cpu(), output)
     else:
         images[0].save(output)
-    if cuda:
-        peak, peak_what = torch.cuda.max_memory_allocated() / 2**30, "GPU"
-    else:  # the process's peak resident memory (ru_maxrss is in KiB on Linux)
-        import resource
+    from ltx_kernels.bench.harness import peak_memory_gib
 
-        peak, peak_what = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
+    peak, peak_what = peak_memory_gib(cuda)
     summary = dict(total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1), peak_gib=peak,
                    kernels=kernels, family=args.family, config=args.config if args.random_weights else args.model,
                    output=str(output))

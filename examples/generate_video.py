@@ -152,12 +152,9 @@ def main(argv=None) -> dict:
             path = output if len(frames) == 1 else output.with_stem(f"{output.stem}_{i}")
             export_to_video(video, str(path), fps=args.fps)
 
-    if cuda:
-        peak, peak_what = torch.cuda.max_memory_allocated() / 2**30, "GPU"
-    else:  # the process's peak resident memory (ru_maxrss is in KiB on Linux)
-        import resource
+    from ltx_kernels.bench.harness import peak_memory_gib
 
-        peak, peak_what = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
+    peak, peak_what = peak_memory_gib(cuda)
     summary = dict(
         total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
         peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, attention=args.attention,

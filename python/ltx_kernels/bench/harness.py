@@ -74,6 +74,16 @@ def copy_bandwidth_gbs(gib: float = 2.0) -> float:
     return 2 * src.numel() * 4 / us / 1e3
 
 
+def peak_memory_gib(cuda: bool) -> tuple[float, str]:
+    """(GiB, what was measured): the GPU's peak allocated memory since the last reset, or
+    without CUDA the process's peak resident memory (ru_maxrss, KiB on Linux). For the examples."""
+    if cuda:
+        return torch.cuda.max_memory_allocated() / 2**30, "GPU"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in fp64: the sanity check of ours against the eager anchor."""
     a, b = a.double(), b.double()
