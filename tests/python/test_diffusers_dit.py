@@ -192,3 +192,40 @@ def test_benchmark_compiles_the_blocks_of_models_that_declare_none(mode):
     assert all(is_patched(block) == mode.startswith("ours") for block in model.transformer_blocks)
     set_mode(model, "eager")
     assert all(block._compiled_call_impl is None and not is_patched(block) for block in model.transformer_blocks)
+
+
+# Features a user turns on beside inject, in either order (the LTX matrix is test_diffusers_compose.py;
+# diffusers' cache hooks need CacheMixin, which PixArt does not have).
+COMPOSE = {
+    "layerwise_casting_fp8": lambda model: model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
+                                                                          compute_dtype=torch.float32),
+    "group_offload_block_level": lambda model: model.enable_group_offload(torch.device("cpu"),
+                                                                          offload_type="block_level",
+                                                                          num_blocks_per_group=1),
+    "forward_hooks_on_fused_norms": lambda model: [
+        block.get_submodule(name).register_forward_hook(lambda module, args, output: output * 1.5)
+        for block in model.transformer_blocks for name in ("norm1", "norm2")],
+}
+
+
+@pytest.mark.parametrize("order", ["feature_then_inject", "inject_then_feature"])
+@pytest.mark.parametrize("feature", COMPOSE)
+@torch.no_grad()
+def test_pixart_features_compose_with_inject(feature, order):
+    base = tiny_pixart()
+    plain = base(**pixart_kwargs())[0]
+    stock = copy.deepcopy(base)
+    COMPOSE[feature](stock)
+    expected = stock(**pixart_kwargs())[0]
+    if feature != "group_offload_block_level":  # the feature changes the output: it is active
+        assert rel_err(expected, plain) > 1e-2, "the feature does nothing here: the test would prove nothing"
+    model = copy.deepcopy(base)
+    if order == "feature_then_inject":
+        COMPOSE[feature](model)
+    report = inject_quietly(model)
+    if order == "inject_then_feature":
+        COMPOSE[feature](model)
+    assert report.patched[dit.BLOCK_KIND] == 2, report
+    assert rel_err(model(**pixart_kwargs())[0], expected) < 1e-5
+    assert lkd.remove(model) > 0
+    assert torch.equal(model(**pixart_kwargs())[0], expected)
