@@ -21,8 +21,9 @@ from ._patching import call_fused, is_patched, patch, runs_unhooked
 # Linears that stay bf16 by default: the model's input and output projections and the
 # embeddings (timestep, caption) and AdaLN tables, outside the transformer blocks, where the
 # error of 8 bits is not spread over a block's residual stream and the time is negligible.
-# (Wan's condition_embedder also casts the timestep to its time embedder's weight dtype.)
-DEFAULT_FP8_SKIP = ("proj_in", "proj_out", "time_embed.*", "caption_projection.*", "condition_embedder.*", "*adaln*",
+# (Wan's condition_embedder also casts the timestep to its time embedder's weight dtype;
+# DiT's output is proj_out_1, its final AdaLN table, then proj_out_2.)
+DEFAULT_FP8_SKIP = ("proj_in", "proj_out*", "time_embed.*", "caption_projection.*", "condition_embedder.*", "*adaln*",
                     "norm_out.*")
 MARKER = "_ltx_kernels_fp8"
 KIND = "nn.Linear (fp8_linear, e4m3 weights and per-token activations)"

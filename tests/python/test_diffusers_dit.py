@@ -163,6 +163,16 @@ def test_fp8_linears_under_the_fused_blocks():
     assert report.patched[dit.BLOCK_KIND] == 2, report
 
 
+def test_fp8_keeps_dit_output_projections_in_the_model_dtype():
+    """DiT's output is proj_out_1 (its final AdaLN table) and proj_out_2: outside the blocks,
+    they stay in the model's dtype by default, as every model's output projection."""
+    model = tiny_dit()
+    report = inject_quietly(model, precision="fp8")
+    assert type(model.proj_out_1) is torch.nn.Linear and type(model.proj_out_2) is torch.nn.Linear
+    assert model.proj_out_1.weight.dtype == torch.float32 and model.proj_out_2.weight.dtype == torch.float32
+    assert is_patched(model.transformer_blocks[0].attn1.to_q), report
+
+
 @pytest.mark.parametrize("config, kind, channels", [("pixart-tiny", dit.BLOCK_KIND, 8), ("dit-tiny", dit.BLOCK_KIND, 8),
                                                    ("sd3-tiny", sd3.BLOCK_KIND, 4)])
 def test_benchmark_inputs_run_on_the_tiny_configs(config, kind, channels):
