@@ -9,22 +9,24 @@
 // shared-memory stages, each with a "full" mbarrier (the producer's TMA bytes landed) and an
 // "empty" one (every consumer warp is done with it). S = Q K^T reads Q and K from shared
 // memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
-// softmax runs on the accumulators in registers (in place for 16-bit inputs, the scale folded
-// into the exponent's FMA, the running max moved only when a score exceeds it by a factor
-// over 2^8, so that O is rarely rescaled); P, rounded to the input dtype, stays in registers
-// as the A operand of O += P V (m64nDk16), whose B operand is V transposed to [D, keys] by a
-// small pass first (the descriptors read B K-major, as FP8 P V will need; for 16-bit V, wgmma
-// could read it MN-major and save that pass: not done yet). TMA writes each tile
+// softmax runs on the accumulators in registers, in place (the scale, and for INT8 scores the
+// k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
+// when a score exceeds it by a factor over 2^8, so that O is rarely rescaled); P, rounded to
+// the input dtype, stays in registers as the A operand of O += P V (m64nDk16), whose B operand
+// is V transposed to [D, keys] by a small pass first (the descriptors read B K-major; for
+// 16-bit V, wgmma could read it MN-major and save that pass: not done yet). TMA writes each tile
 // in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
 // rows past a tensor's end arrive as zeros; the wgmma descriptors are built once and stepped
 // by constant offsets. Inside a consumer warpgroup, the softmax of one step overlaps the
-// previous step's P V (see the main loop). Measured and not kept: a
-// scheduler barrier making the consumer warpgroups issue their GEMMs in turn (no gain at any
-// shape, benchmarks/results/h100/attention_tiles.md). Next steps (the issue's design):
-// persistent scheduling with the epilogue overlapped, FP8 P V.
+// previous step's P V (see the main loop). Measured and not kept (benchmarks/results/h100/
+// attention_tiles.md): a scheduler barrier making the consumer warpgroups issue their GEMMs in
+// turn (no gain), FlashAttention-4's exp2 polynomial on the FMA units for 2 or 3 of every 8
+// scores (slower). Not done: FP8 P V (emulated, its error on randn inputs reaches the 4e-2
+// bar at 4000 keys); persistent scheduling with the epilogue overlapped.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -71,10 +73,19 @@ struct TileShape {
 // An INT8 score (an int32 of magnitude < 2^22: a sum of at most 128 products of int8, < 2^21)
 // as fp32, exactly, on the ALU instead of the conversion unit (which the exponentials already
 // load): 2^23 + 2^22 + x has x in its low mantissa bits. A 16-bit path's score is fp32 already.
+constexpr int kMagic = 0x4B400000;     // the bits of 2^23 + 2^22
+constexpr float kMagicValue = 12582912.0f;
 __device__ __forceinline__ float to_float(uint32_t x) {
-  return __int_as_float(static_cast<int>(x) + 0x4B400000) - 12582912.0f;
+  return __int_as_float(static_cast<int>(x) + kMagic) - kMagicValue;
 }
 __device__ __forceinline__ float to_float(float x) { return x; }
+
+// The softmax overwrites each score with its exponential, in place (one register tile, not
+// two): an INT8 path's int32 accumulators then hold fp32 bits.
+__device__ __forceinline__ void put(float& slot, float x) { slot = x; }
+__device__ __forceinline__ void put(uint32_t& slot, float x) { slot = __float_as_uint(x); }
+__device__ __forceinline__ float got(float x) { return x; }
+__device__ __forceinline__ float got(uint32_t x) { return __uint_as_float(x); }
 
 __device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
   float y;
@@ -132,17 +143,6 @@ __device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float
   MMA::fma(a[0], a[1], a[2], a[3], b, d[I]..., gmma::ScaleOut::One);
 }
 
-// The array the exponentials of a step go to: a 16-bit path's fp32 scores, in place (one tile
-// of registers, not two); an INT8 path's int32 scores need their own.
-template <bool INT8, class OWN, class SCORES>
-__device__ __forceinline__ auto& in_place(OWN& own, SCORES& scores) {
-  if constexpr (INT8) {
-    return own;
-  } else {
-    return scores;
-  }
-}
-
 template <typename Acc, int N>
 __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
 #pragma unroll
@@ -179,6 +179,8 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
   constexpr int kConsumers = SHAPE::kConsumers, kBlockN = SHAPE::kBlockN, kBlockM = SHAPE::kBlockM;
   constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
+  constexpr int kKBlocks = kBlockN / kQuantBlock;  // 64-key blocks (the k scales') per step
+  constexpr int kPerBlock = kQuantBlock / 2;        // a thread's scores in one such block
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using KTile = core::SmemTile<kBlockN, kQKRow>;
   using VTile = core::SmemTile<D, kBlockN * 2>;  // V^T: D rows of kBlockN keys
@@ -278,48 +280,62 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     }
     cute::warpgroup_commit_batch();
   };
-  // The online softmax of one step's scores, in place: sc becomes exp2(score - new max),
-  // row_max and row_sum move on, alpha is the factor by which O must shrink. It reads only S,
-  // so it runs while the previous step's P V is still in flight.
-  // sc may be s itself (in_place): each element is read before it is written.
-  auto softmax = [&](const Acc (&s)[kBlockN / 2], int step, float (&sc)[kBlockN / 2], float (&alpha)[2]) {
+  // The online softmax of one step's scores, in place: each score becomes exp2(score - new
+  // max), row_max and row_sum move on, alpha is the factor by which O must shrink. It reads
+  // only S, so it runs while the previous step's P V is still in flight.
+  auto softmax = [&](Acc (&s)[kBlockN / 2], int step, float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
     // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
     const int n0 = step * kBlockN;
     const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
-    // A 16-bit step without key checks scales inside the exponent (one FMA per score): its
-    // factor is one positive number, so the row max of the raw scores gives the scaled one.
-    const bool fused = !INT8 && !edge && q_factor > 0.0f;
+    // The factor of each 64-key block of the step (INT8: q's and that block's k scale).
+    float factor[kKBlocks];
+    bool positive = true;
+#pragma unroll
+    for (int kb = 0; kb < kKBlocks; ++kb) {
+      factor[kb] = q_factor;
+      if constexpr (INT8) {
+        factor[kb] *= k_scale[min(n0 / kQuantBlock + kb, static_cast<int>(w.k_blocks) - 1)];
+      }
+      positive = positive && factor[kb] > 0.0f;  // (false for a NaN scale)
+    }
+    // A step without key checks and with positive factors scales inside the exponent (one
+    // FMA per score): the row max of a block's raw scores gives its scaled one.
+    const bool fused = !edge && positive;
     float step_max[2] = {row_max[0], row_max[1]};
     // The key checks sit outside the element loops: one uniform branch per step.
     if (fused) {
-      float raw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) raw[(i % 4) / 2] = fmaxf(raw[(i % 4) / 2], to_float(s[i]));
-      step_max[0] = fmaxf(step_max[0], raw[0] * q_factor);
-      step_max[1] = fmaxf(step_max[1], raw[1] * q_factor);
-    } else if (!edge) {
+      for (int kb = 0; kb < kKBlocks; ++kb) {
+        if constexpr (INT8) {  // integer max: no conversion per element
+          int raw[2] = {INT_MIN, INT_MIN};
 #pragma unroll
-      for (int i = 0; i < kNTiles; ++i) {
-        const float factor = INT8 ? q_factor * k_scale[(n0 + 8 * i) / kQuantBlock] : q_factor;
+          for (int j = 0; j < kPerBlock; ++j) {
+            raw[(j % 4) / 2] = max(raw[(j % 4) / 2], static_cast<int>(s[kb * kPerBlock + j]));
+          }
+          step_max[0] = fmaxf(step_max[0], static_cast<float>(raw[0]) * factor[kb]);
+          step_max[1] = fmaxf(step_max[1], static_cast<float>(raw[1]) * factor[kb]);
+        } else {
+          float raw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[4 * i + e] = to_float(s[4 * i + e]) * factor;
-          step_max[e / 2] = fmaxf(step_max[e / 2], sc[4 * i + e]);
+          for (int j = 0; j < kPerBlock; ++j) raw[(j % 4) / 2] = fmaxf(raw[(j % 4) / 2], s[kb * kPerBlock + j]);
+          step_max[0] = fmaxf(step_max[0], raw[0] * factor[kb]);
+          step_max[1] = fmaxf(step_max[1], raw[1] * factor[kb]);
         }
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kNTiles; ++i) {
-        const float factor =
-            INT8 ? q_factor * k_scale[min((n0 + 8 * i) / kQuantBlock, static_cast<int>(w.k_blocks) - 1)] : q_factor;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = row_lo + 8 * (e / 2), key = n0 + 8 * i + 2 * tig + e % 2;
-          float x = to_float(s[4 * i + e]) * factor;
-          if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
-          sc[4 * i + e] = key < seq_k ? x : -INFINITY;
-          step_max[e / 2] = fmaxf(step_max[e / 2], sc[4 * i + e]);
+          float x = to_float(s[4 * i + e]) * factor[8 * i / kQuantBlock];
+          if (edge) {
+            if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
+            if (key >= seq_k) x = -INFINITY;
+          }
+          put(s[4 * i + e], x);
+          step_max[e / 2] = fmaxf(step_max[e / 2], x);
         }
       }
     }
@@ -342,21 +358,40 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     }
     if (fused) {
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_exp2(fmaf(to_float(s[i]), q_factor, -base[(i % 4) / 2]));
+      for (int kb = 0; kb < kKBlocks; ++kb) {
+        if constexpr (INT8) {
+          // x = 2^23 + 2^22 + s exactly (to_float without its subtraction), so that
+          // s f - base = x f - (12582912 f + base): one integer add and one FMA per score.
+          // The constant's rounding (< 1 ulp of 12582912 f) is below one unit of the score.
+          const float shift[2] = {fmaf(kMagicValue, factor[kb], base[0]), fmaf(kMagicValue, factor[kb], base[1])};
+#pragma unroll
+          for (int j = 0; j < kPerBlock; ++j) {
+            Acc& slot = s[kb * kPerBlock + j];
+            const float x = __int_as_float(static_cast<int>(slot) + kMagic);
+            put(slot, fast_exp2(fmaf(x, factor[kb], -shift[(j % 4) / 2])));
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kPerBlock; ++j) {
+            Acc& slot = s[kb * kPerBlock + j];
+            put(slot, fast_exp2(fmaf(slot, factor[kb], -base[(j % 4) / 2])));
+          }
+        }
+      }
     } else {
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) sc[i] = fast_exp2(sc[i] - base[(i % 4) / 2]);
+      for (int i = 0; i < kBlockN / 2; ++i) put(s[i], fast_exp2(got(s[i]) - base[(i % 4) / 2]));
     }
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += sc[i];
+    for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += got(s[i]);
   };
   // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
   // tiles is the A layout of one k-step.
-  auto pack_p = [&](const float (&sc)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
+  auto pack_p = [&](const Acc (&sc)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
     for (int i = 0; i < kNTiles; ++i) {
-      pa[i / 2][2 * (i % 2)] = core::pack2<T>(sc[4 * i], sc[4 * i + 1]);
-      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(sc[4 * i + 2], sc[4 * i + 3]);
+      pa[i / 2][2 * (i % 2)] = core::pack2<T>(got(sc[4 * i]), got(sc[4 * i + 1]));
+      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(got(sc[4 * i + 2]), got(sc[4 * i + 3]));
     }
   };
   auto fence_p = [](uint32_t (&pa)[kBlockN / 16][4]) {
@@ -376,16 +411,15 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   uint32_t pa[kBlockN / 16][4];
   if (steps > 0) {  // no keys: O stays 0, the row sums 0
     Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
-    float sc_int8[INT8 ? kBlockN / 2 : 1], alpha[2];
-    float(&sc)[kBlockN / 2] = in_place<INT8>(sc_int8, s);
+    float alpha[2];
     Barrier::wait(&full[0], 0);
     fence_operands(s);
     cute::warpgroup_arrive();
     issue_qk(s, 0);
     cute::warpgroup_wait<0>();
     fence_operands(s);
-    softmax(s, 0, sc, alpha);  // O is zero: no rescale
-    pack_p(sc, pa);
+    softmax(s, 0, alpha);  // O is zero: no rescale
+    pack_p(s, pa);
     // The ring position of this step and the previous one, and the phase of this step's
     // full barrier, kept as counters (a modulo by 3 costs a multiply-high per step).
     int stage = 0, prev = 0, phase = 0;
@@ -393,8 +427,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
       Acc s[kBlockN / 2];
-      float sc_int8[INT8 ? kBlockN / 2 : 1], alpha[2];
-      float(&sc)[kBlockN / 2] = in_place<INT8>(sc_int8, s);
+      float alpha[2];
       Barrier::wait(&full[stage], phase);
       fence_operands(s);
       fence_p(pa);
@@ -404,7 +437,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       issue_pv(pa, prev);
       cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
       fence_operands(s);
-      softmax(s, step, sc, alpha);
+      softmax(s, step, alpha);
       cute::warpgroup_wait<0>();  // P V of the previous step
       fence_p(pa);
       fence_operands(o);
@@ -413,7 +446,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
       }
-      pack_p(sc, pa);
+      pack_p(s, pa);
     }
     fence_p(pa);
     fence_operands(o);
