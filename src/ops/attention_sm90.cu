@@ -283,22 +283,25 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   // The online softmax of one step's scores, in place: each score becomes exp2(score - new
   // max), row_max and row_sum move on, alpha is the factor by which O must shrink. It reads
   // only S, so it runs while the previous step's P V is still in flight.
-  auto softmax = [&](Acc (&s)[kBlockN / 2], int step, float (&alpha)[2]) {
-    // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
-    // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
-    const int n0 = step * kBlockN;
-    const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
-    // The factor of each 64-key block of the step (INT8: q's and that block's k scale).
-    float factor[kKBlocks];
-    bool positive = true;
+  // The factor of each 64-key block of a step (INT8: q's and that block's k scale), loaded
+  // before the wait for the step's scores so that the load's latency overlaps the GEMM.
+  auto step_factors = [&](int step, float (&factor)[kKBlocks]) {
 #pragma unroll
     for (int kb = 0; kb < kKBlocks; ++kb) {
       factor[kb] = q_factor;
       if constexpr (INT8) {
-        factor[kb] *= k_scale[min(n0 / kQuantBlock + kb, static_cast<int>(w.k_blocks) - 1)];
+        factor[kb] *= k_scale[min(step * kKBlocks + kb, static_cast<int>(w.k_blocks) - 1)];
       }
-      positive = positive && factor[kb] > 0.0f;  // (false for a NaN scale)
     }
+  };
+  auto softmax = [&](Acc (&s)[kBlockN / 2], int step, const float (&factor)[kKBlocks], float (&alpha)[2]) {
+    // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
+    // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
+    const int n0 = step * kBlockN;
+    const bool edge = mask != nullptr || n0 + kBlockN > seq_k;
+    bool positive = true;
+#pragma unroll
+    for (int kb = 0; kb < kKBlocks; ++kb) positive = positive && factor[kb] > 0.0f;  // (false for NaN)
     // A step without key checks and with positive factors scales inside the exponent (one
     // FMA per score): the row max of a block's raw scores gives its scaled one.
     const bool fused = !edge && positive;
@@ -416,9 +419,11 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     fence_operands(s);
     cute::warpgroup_arrive();
     issue_qk(s, 0);
+    float factor[kKBlocks];
+    step_factors(0, factor);
     cute::warpgroup_wait<0>();
     fence_operands(s);
-    softmax(s, 0, alpha);  // O is zero: no rescale
+    softmax(s, 0, factor, alpha);  // O is zero: no rescale
     pack_p(s, pa);
     // The ring position of this step and the previous one, and the phase of this step's
     // full barrier, kept as counters (a modulo by 3 costs a multiply-high per step).
@@ -435,9 +440,11 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       cute::warpgroup_arrive();
       issue_qk(s, stage);
       issue_pv(pa, prev);
+      float factor[kKBlocks];
+      step_factors(step, factor);
       cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
       fence_operands(s);
-      softmax(s, step, alpha);
+      softmax(s, step, factor, alpha);
       cute::warpgroup_wait<0>();  // P V of the previous step
       fence_p(pa);
       fence_operands(o);
