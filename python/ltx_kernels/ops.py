@@ -656,13 +656,6 @@ def _per_batch(t: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 2 and input.dim() == 3 else t
 
 
-def _into(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """The original ``out=`` argument: the result is copied into ``out`` (one extra pass)."""
-    if out is None:
-        return result
-    return out.copy_(result)
-
-
 def adaln_rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor | None,
@@ -673,9 +666,11 @@ def adaln_rmsnorm(
 ) -> torch.Tensor:
     """Old name: ``rms_norm(input) * weight * (1 + scale) + shift`` (:func:`adaln_rms_norm`);
     ``scale``/``shift`` may also be ``[B, D]`` for a ``[B, S, D]`` input."""
-    result = adaln_rms_norm(input, _per_batch(scale, input), _per_batch(shift, input), weight,
-                            _eps("adaln_rmsnorm", eps))
-    return _into(result, out)
+    scale, shift, eps = _per_batch(scale, input), _per_batch(shift, input), _eps("adaln_rmsnorm", eps)
+    if out is None:
+        return adaln_rms_norm(input, scale, shift, weight, eps)
+    _ops.adaln_rms_norm.out(input, scale, shift, weight, eps, out=out)  # written in place, no copy
+    return out
 
 
 def adaln_layernorm(
@@ -694,10 +689,11 @@ def adaln_layernorm(
     diffusers' AdaLN norms), so both names compute the same by default; the original package
     defaulted to 1e-5 here (pass ``eps=1e-5`` for that; the two differ by ~1e-5 relative for
     unit-variance rows)."""
-    result = adaln_layer_norm(
-        input, _per_batch(scale, input), _per_batch(shift, input), weight, bias, _eps("adaln_layernorm", eps)
-    )
-    return _into(result, out)
+    scale, shift, eps = _per_batch(scale, input), _per_batch(shift, input), _eps("adaln_layernorm", eps)
+    if out is None:
+        return adaln_layer_norm(input, scale, shift, weight, bias, eps)
+    _ops.adaln_layer_norm.out(input, scale, shift, weight, bias, eps, out=out)  # written in place, no copy
+    return out
 
 
 def adaln_zero(
@@ -711,9 +707,10 @@ def adaln_zero(
 ) -> torch.Tensor:
     """Old name: ``(rms_norm(input) * weight * (1 + scale) + shift) * gate``.
 
-    Two passes (:func:`adaln_rms_norm`, then the gate multiply). In a DiT the gate belongs on
+    Two passes (:func:`adaln_rms_norm`, then the gate multiply; with ``out``, both in it). In a DiT the gate belongs on
     the branch output: :func:`gated_residual` / :func:`gated_residual_adaln_rms_norm` fuse it
     where it is used.
     """
-    result = adaln_rmsnorm(input, weight, scale, shift, _eps("adaln_zero", eps)) * _per_batch(gate, input)
-    return _into(result, out)
+    normed = adaln_rmsnorm(input, weight, scale, shift, _eps("adaln_zero", eps), out=out)
+    gate = _per_batch(gate, input)
+    return normed * gate if out is None else out.mul_(gate)

@@ -139,6 +139,38 @@ at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const 
                    &shift);
 }
 
+// The out= forms: `out` has x's dtype, device and shape and is contiguous (the kernels write
+// rows of cols elements back to back), and overlaps nothing the op reads.
+void check_norm_out(const char* op, const at::Tensor& out, const at::Tensor& x,
+                    std::initializer_list<std::pair<const at::Tensor*, const char*>> read) {
+  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), op, ": out must have the dtype of x (",
+                   x.scalar_type(), "), got ", out.scalar_type());
+  TORCH_CHECK_VALUE(out.device() == x.device(), op, ": out must be on the device of x (", device_str(x.device()),
+                    "), got ", device_str(out.device()));
+  TORCH_CHECK_VALUE(out.sym_sizes() == x.sym_sizes(), op, ": out must have the shape of x ",
+                    dims_str(x.sym_sizes()), ", got ", dims_str(out.sym_sizes()));
+  TORCH_CHECK_VALUE(out.is_contiguous(), op, ": out must be contiguous");
+  for (const auto& [t, name] : read) {
+    if (t != nullptr) check_written(op, out, "out", *t, name);
+  }
+}
+
+void adaln_rms_norm_out(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                        const OptTensor& weight, double eps, at::Tensor& out) {
+  check_norm_out("adaln_rms_norm", out, x,
+                 {{&x, "x"}, {&scale, "scale"}, {&shift, "shift"}, {weight ? &*weight : nullptr, "weight"}});
+  normalize_into("adaln_rms_norm", NormType::kRms, x, weight, std::nullopt, eps, 0.0, &scale, &shift, &out,
+                 nullptr);
+}
+
+void adaln_layer_norm_out(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                          const OptTensor& weight, const OptTensor& bias, double eps, at::Tensor& out) {
+  check_norm_out("adaln_layer_norm", out, x,
+                 {{&x, "x"}, {&scale, "scale"}, {&shift, "shift"}, {weight ? &*weight : nullptr, "weight"},
+                  {bias ? &*bias : nullptr, "bias"}});
+  normalize_into("adaln_layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, &scale, &shift, &out, nullptr);
+}
+
 // Writes rms_norm(x + residual) to `out` (or, with `fp8`, quantized to it) and x + residual
 // to residual_out.
 void add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual, at::Tensor& residual_out,
@@ -290,6 +322,18 @@ at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
   return normalize_meta("adaln_layer_norm", x, weight, bias, eps, &scale, &shift);
 }
 
+void adaln_rms_norm_out_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                             const OptTensor& weight, double eps, at::Tensor& out) {
+  normalize_meta("adaln_rms_norm", x, weight, std::nullopt, eps, &scale, &shift);
+  check_norm_out("adaln_rms_norm", out, x, {});
+}
+
+void adaln_layer_norm_out_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                               const OptTensor& weight, const OptTensor& bias, double eps, at::Tensor& out) {
+  normalize_meta("adaln_layer_norm", x, weight, bias, eps, &scale, &shift);
+  check_norm_out("adaln_layer_norm", out, x, {});
+}
+
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_meta(const at::Tensor& x,
                                                            const at::Tensor& residual,
                                                            const OptTensor& weight, double eps,
@@ -337,6 +381,8 @@ void register_impls(torch::Library& m) {
   m.impl("layer_norm", &layer_norm);
   m.impl("adaln_rms_norm", &adaln_rms_norm);
   m.impl("adaln_layer_norm", &adaln_layer_norm);
+  m.impl("adaln_rms_norm.out", &adaln_rms_norm_out);
+  m.impl("adaln_layer_norm.out", &adaln_layer_norm_out);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
   m.impl("rms_norm_fp8", &rms_norm_fp8);
   m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8);
@@ -359,6 +405,8 @@ LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("layer_norm", &layer_norm_meta);
   m.impl("adaln_rms_norm", &adaln_rms_norm_meta);
   m.impl("adaln_layer_norm", &adaln_layer_norm_meta);
+  m.impl("adaln_rms_norm.out", &adaln_rms_norm_out_meta);
+  m.impl("adaln_layer_norm.out", &adaln_layer_norm_out_meta);
   m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm_meta);
   m.impl("rms_norm_fp8", &rms_norm_fp8_meta);
   m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8_meta);

@@ -51,6 +51,11 @@ LTX_KERNELS_LIBRARY(m) {
                     "adaln_layer_norm_backward(Tensor grad_out, Tensor x, Tensor scale, Tensor shift,"
                     " Tensor? weight=None, Tensor? bias=None, float eps=1e-6) -> (Tensor grad_x,"
                     " Tensor grad_scale, Tensor grad_shift, Tensor grad_weight, Tensor grad_bias)");
+  // The same into a caller's `out` (x's shape, contiguous), forward-only as every out= form.
+  def("adaln_rms_norm.out(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None, float eps=1e-6, *,"
+      " Tensor(a!) out) -> ()");
+  def("adaln_layer_norm.out(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None, Tensor? bias=None,"
+      " float eps=1e-6, *, Tensor(a!) out) -> ()");
   def_with_backward("gated_residual_adaln_rms_norm(Tensor x, Tensor y, Tensor? gate, Tensor scale,"
                     " Tensor shift, Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed)",
                     "gated_residual_adaln_rms_norm_backward(Tensor grad_x_new, Tensor grad_normed, Tensor x,"

@@ -182,3 +182,51 @@ def test_old_names(device, dtype):
     assert ltx_kernels.adaln_zero(x, w, scale, shift, gate, out=out) is out
     # Two roundings (the modulated norm, then the gate product).
     assert_close(out, (rms * (1 + sc) + sh) * g, dtype, scale=2.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_overloads_write_in_place(device, dtype):
+    """adaln_rmsnorm / adaln_layernorm with out= run the ops' .out overloads: the kernel writes
+    into out (no copy), the same values as without it."""
+    b, s, d = 2, 7, 72
+    x = torch.randn(b, s, d, dtype=dtype, device=device)
+    w, bias = (torch.randn(d, dtype=dtype, device=device) for _ in range(2))
+    scale, shift = (torch.randn(b, d, dtype=dtype, device=device) for _ in range(2))
+    for fn, args in ((ltx_kernels.adaln_rmsnorm, (x, w, scale, shift)),
+                     (ltx_kernels.adaln_layernorm, (x, w, scale, shift, bias))):
+        out = torch.full_like(x, float("nan"))
+        assert fn(*args, out=out) is out
+        assert torch.equal(out, fn(*args)), fn.__name__
+
+
+def test_out_overloads_check_out():
+    x = torch.randn(2, 3, 16)
+    scale, shift = torch.randn(16), torch.randn(16)
+    cases = [
+        ("adaln_rms_norm: out must have the shape of x", torch.empty(2, 3, 8)),
+        ("adaln_rms_norm: out must have the dtype of x", torch.empty(2, 3, 16, dtype=torch.float64)),
+        ("adaln_rms_norm: out must be contiguous", torch.empty(2, 16, 3).transpose(1, 2)),
+    ]
+    for message, out in cases:
+        with pytest.raises((ValueError, TypeError), match=message):
+            ops.adaln_rms_norm.out(x, scale, shift, None, 1e-6, out=out)
+    with pytest.raises(ValueError, match="adaln_layer_norm: out is written while x is read, and their memory"):
+        ops.adaln_layer_norm.out(x, scale, shift, None, None, 1e-6, out=x)
+    buffer = torch.empty(2, 3, 16)
+    with pytest.raises(ValueError, match="adaln_rms_norm: out is written while shift is read"):
+        ops.adaln_rms_norm.out(x, scale, buffer[1, 2], None, 1e-6, out=buffer)
+    with pytest.raises(RuntimeError, match="adaln_rms_norm.out"):  # forward-only, as every out= form
+        ops.adaln_rms_norm.out(x.requires_grad_(), scale, shift, None, 1e-6, out=torch.empty(2, 3, 16))
+
+
+def test_out_overloads_opcheck_and_meta():
+    x = torch.randn(2, 3, 16)
+    scale, shift, w, bias = (torch.randn(16) for _ in range(4))
+    torch.library.opcheck(ops.adaln_rms_norm.out, (x, scale, shift, w, 1e-6), {"out": torch.empty_like(x)})
+    torch.library.opcheck(ops.adaln_layer_norm.out, (x, scale, shift, w, bias, 1e-6), {"out": torch.empty_like(x)})
+    meta = x.to("meta")
+    ops.adaln_rms_norm.out(meta, scale.to("meta"), shift.to("meta"), None, 1e-6, out=torch.empty_like(meta))
+    with pytest.raises(ValueError, match="adaln_rms_norm: out must have the shape of x"):
+        ops.adaln_rms_norm.out(meta, scale.to("meta"), shift.to("meta"), None, 1e-6,
+                               out=torch.empty(2, 16, device="meta"))
