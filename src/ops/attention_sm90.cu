@@ -280,9 +280,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     }
     cute::warpgroup_commit_batch();
   };
-  // The online softmax of one step's scores, in place: each score becomes exp2(score - new
-  // max), row_max and row_sum move on, alpha is the factor by which O must shrink. It reads
-  // only S, so it runs while the previous step's P V is still in flight.
   // The factor of each 64-key block of a step (INT8: q's and that block's k scale), loaded
   // before the wait for the step's scores so that the load's latency overlaps the GEMM.
   auto step_factors = [&](int step, float (&factor)[kKBlocks]) {
@@ -294,6 +291,9 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       }
     }
   };
+  // The online softmax of one step's scores, in place: each score becomes exp2(score - new
+  // max), row_max and row_sum move on, alpha is the factor by which O must shrink. It reads
+  // only S, so it runs while the previous step's P V is still in flight.
   auto softmax = [&](Acc (&s)[kBlockN / 2], int step, const float (&factor)[kKBlocks], float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
     // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
@@ -390,11 +390,11 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   };
   // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
   // tiles is the A layout of one k-step.
-  auto pack_p = [&](const Acc (&sc)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
+  auto pack_p = [&](const Acc (&p_tile)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
     for (int i = 0; i < kNTiles; ++i) {
-      pa[i / 2][2 * (i % 2)] = core::pack2<T>(got(sc[4 * i]), got(sc[4 * i + 1]));
-      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(got(sc[4 * i + 2]), got(sc[4 * i + 3]));
+      pa[i / 2][2 * (i % 2)] = core::pack2<T>(got(p_tile[4 * i]), got(p_tile[4 * i + 1]));
+      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(got(p_tile[4 * i + 2]), got(p_tile[4 * i + 3]));
     }
   };
   auto fence_p = [](uint32_t (&pa)[kBlockN / 16][4]) {
