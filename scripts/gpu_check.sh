@@ -42,11 +42,11 @@ fi
 fi
 
 if want sanitize; then
-echo "== compute-sanitizer (memcheck, racecheck) on the attention and FP8 GEMM kernels' GoogleTests"
-for tool in memcheck racecheck; do
+echo "== compute-sanitizer (memcheck, racecheck, synccheck) on the attention and FP8 GEMM kernels' GoogleTests"
+for tool in memcheck racecheck synccheck; do
   compute-sanitizer --tool $tool --error-exitcode 1 build/cpp/tests/cpp/ltx_kernels_tests \
     --gtest_filter='AttentionCuda*:Fp8LinearCuda*' > "$out/sanitize-$tool.log" 2>&1 || status=1
-  echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/sanitize-$tool.log" | tr '\n' ' ')"
+  echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitize-$tool.log" | tr '\n' ' ')"
 done
 fi
 
