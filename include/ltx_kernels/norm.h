@@ -4,7 +4,7 @@
 // Every op normalizes each row of a [rows, cols] matrix whose last dim is contiguous and
 // whose rows may be strided (a slice or view of a wider tensor). Math is fp32: inputs are
 // loaded, computed in fp32 and rounded once on store. In full:
-//   h   = residual + x * gate   (rounded to dtype, stored to residual_out; or h = x)
+//   h   = residual + x * gate   (rounded to dtype, stored to new_residual; or h = x)
 //   y   = norm(h) * (weight + weight_offset) + bias
 //   out = y * (1 + scale) + shift
 // With an FP8 output, out (rounded to dtype, as it would be stored) is quantized per row to
@@ -38,11 +38,11 @@ struct NormParams {
   int64_t x_row_stride = 0;
 
   // Optional: when set, the op normalizes h = residual + x [* gate], rounded to dtype, and
-  // stores that same rounded h to residual_out (which may alias residual: update in place).
+  // stores that same rounded h to new_residual (which may alias residual: update in place).
   const void* residual = nullptr;  // [rows, cols]
   int64_t residual_row_stride = 0;
-  void* residual_out = nullptr;  // [rows, cols]
-  int64_t residual_out_row_stride = 0;
+  void* new_residual = nullptr;  // [rows, cols]
+  int64_t new_residual_row_stride = 0;
 
   const void* weight = nullptr;  // [cols] optional: out *= (weight + weight_offset)
   float weight_offset = 0.0f;    // 1 for Gemma's (1 + weight)

@@ -647,7 +647,7 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float 
 def rmsnorm_residual(
     input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Old name of :func:`fused_add_rms_norm`, with its defaults: returns ``(out, residual_out)``."""
+    """Old name of :func:`fused_add_rms_norm`, with its defaults: returns ``(out, new_residual)``."""
     return fused_add_rms_norm(input, residual, weight, _eps("rmsnorm_residual", eps))
 
 

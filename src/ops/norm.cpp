@@ -12,9 +12,11 @@ ValidationError validate(const NormParams& p) {
   if (p.rows < 0) return "rows must be >= 0";
   if (p.cols < 1) return "cols must be >= 1";
   if (!(p.eps >= 0.0f)) return "eps must be >= 0";
-  if ((p.residual == nullptr) != (p.residual_out == nullptr))
-    return "residual and residual_out must be given together";
+  if ((p.residual == nullptr) != (p.new_residual == nullptr))
+    return "residual and new_residual must be given together";
   if (p.bias != nullptr && p.type != NormType::kLayer) return "bias is only defined for layer norm";
+  // (the kernels add a residual to the RMS norm's input only)
+  if (p.residual != nullptr && p.type != NormType::kRms) return "residual is only defined for the RMS norm";
   if (p.gate.ptr != nullptr && p.residual == nullptr) return "gate needs a residual";
   if ((p.scale.ptr == nullptr) != (p.shift.ptr == nullptr))
     return "scale and shift must be given together";
@@ -32,8 +34,8 @@ ValidationError validate(const NormParams& p) {
   if (p.out == nullptr && p.out_row_stride != 0) return "out_row_stride must be 0 without out";
   if (p.out_fp8 != nullptr && p.out_fp8_row_stride < p.cols)
     return "out_fp8 rows overlap (out_fp8_row_stride < cols)";
-  if (p.residual_out != nullptr && p.residual_out_row_stride < p.cols)
-    return "residual_out rows overlap (residual_out_row_stride < cols)";
+  if (p.new_residual != nullptr && p.new_residual_row_stride < p.cols)
+    return "new_residual rows overlap (new_residual_row_stride < cols)";
   return nullptr;
 }
 
@@ -50,8 +52,8 @@ NormLaunchPlan plan_norm(const NormParams& p) {
       p.cols % vec == 0 && p.x_row_stride % vec == 0 && p.out_row_stride % vec == 0 &&
       p.out_fp8_row_stride % vec == 0 && reinterpret_cast<uintptr_t>(p.out_fp8) % vec == 0 &&
       aligned16(p.x) && aligned16(p.out) && aligned16(p.weight) && aligned16(p.bias) &&
-      aligned16(p.residual) && aligned16(p.residual_out) && p.residual_row_stride % vec == 0 &&
-      p.residual_out_row_stride % vec == 0 && aligned_vectors(p.gate, vec) &&
+      aligned16(p.residual) && aligned16(p.new_residual) && p.residual_row_stride % vec == 0 &&
+      p.new_residual_row_stride % vec == 0 && aligned_vectors(p.gate, vec) &&
       aligned_vectors(p.scale, vec) && aligned_vectors(p.shift, vec);
   plan.vec = can_vectorize ? vec : 1;
   const int64_t nvec = p.cols / plan.vec;

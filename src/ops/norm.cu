@@ -26,7 +26,7 @@ template <typename T>
 struct RowPtrs {
   const T* x;
   const T* residual;
-  T* residual_out;
+  T* new_residual;
   T* out;
 };
 
@@ -36,8 +36,8 @@ __device__ __forceinline__ RowPtrs<T> row_ptrs(const NormParams& p, int64_t row)
   r.x = static_cast<const T*>(p.x) + row * p.x_row_stride;
   r.residual = p.residual ? static_cast<const T*>(p.residual) + row * p.residual_row_stride
                           : nullptr;
-  r.residual_out =
-      p.residual_out ? static_cast<T*>(p.residual_out) + row * p.residual_out_row_stride
+  r.new_residual =
+      p.new_residual ? static_cast<T*>(p.new_residual) + row * p.new_residual_row_stride
                      : nullptr;
   r.out = static_cast<T*>(p.out) + row * p.out_row_stride;  // null (stride 0) when only FP8 goes out
   return r;
@@ -92,37 +92,35 @@ __device__ __forceinline__ Vec<T, N> normalize(const NormParams& p, const Vec<T,
   return core::narrow<T>(h);
 }
 
-// The op variant is a template parameter so that each kernel holds only the registers its
-// variant needs (a residual row, a bias): runtime branches would reserve all of them.
-enum class Variant { kRms, kAddRms, kLayer };
-
 // Register budget of the cached kernel, as blocks of 256 threads that must fit on an SM
 // (65536 registers): 8 blocks = 32 registers. The plain RMS norm with one vector per thread
 // fits in 32, so a full SM of blocks is resident and their loads overlap each other's
 // reductions; variants with a residual or bias row need a little more. Measured on H100,
 // occupancy mattered more than prefetching rows through shared memory.
 // MOD: AdaLN modulation (scale and shift rows), whose vectors take registers too.
-template <int ITEMS, Variant V, bool MOD>
+template <int ITEMS, NormType TYPE, bool RESIDUAL, bool MOD>
 constexpr int kMinBlocksPerSm =
-    ITEMS == 1   ? (MOD ? 5 : V == Variant::kAddRms ? 6 : 8)
-    : ITEMS == 2 ? (MOD ? 3 : V == Variant::kRms ? 5 : 4)
-    : ITEMS == 4 ? (MOD || V == Variant::kLayer ? 2 : 3)
-                 : (V == Variant::kAddRms ? 1 : 2);
+    ITEMS == 1   ? (MOD ? 5 : RESIDUAL ? 6 : 8)
+    : ITEMS == 2 ? (MOD ? 3 : TYPE == NormType::kRms && !RESIDUAL ? 5 : 4)
+    : ITEMS == 4 ? (MOD || TYPE == NormType::kLayer ? 2 : 3)
+                 : (RESIDUAL ? 1 : 2);
 
 // Weight, bias, scale and shift fetched before the reduction so their latency overlaps
 // it, when the registers allow: up to 4 vectors per thread (2 with modulation, which
 // doubles them), and not for layer norm, whose second reduction needs them more.
-template <int ITEMS, Variant V, bool MOD>
-constexpr bool kPrefetchAffine = ITEMS <= (MOD ? 2 : 4) && V != Variant::kLayer;
+template <int ITEMS, NormType TYPE, bool MOD>
+constexpr bool kPrefetchAffine = ITEMS <= (MOD ? 2 : 4) && TYPE != NormType::kLayer;
 
 // Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
 // row per TPR threads, kMaxCachedThreads / TPR rows per block. The block shape is a
 // template parameter so index math and reductions compile to constants (a third fewer
 // instructions than with blockDim, which shows at memory speed).
-// FP8: the row also (or only) goes out quantized; a template parameter, so the kernels
-// without it keep their registers.
-template <typename T, int N, int ITEMS, Variant V, int TPR, bool MOD, bool FP8>
-__global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, MOD>))
+// TYPE and RESIDUAL (a residual added, RMS norm only: validate()) are template parameters too,
+// so that each kernel holds only the registers it needs (a residual row, a bias): runtime
+// branches would reserve all of them. FP8: the row also (or only) goes out quantized; a
+// template parameter, so the kernels without it keep their registers.
+template <typename T, int N, int ITEMS, NormType TYPE, bool RESIDUAL, int TPR, bool MOD, bool FP8>
+__global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, TYPE, RESIDUAL, MOD>))
     norm_cached_kernel(const NormParams p) {
   constexpr int kRowsPerBlock = kMaxCachedThreads / TPR;
   // One scratch per reduction (mean, squares, FP8 row max), so no barrier is needed before
@@ -141,7 +139,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
     h[i] = valid(i) ? core::load_stream<T, N>(r.x + col(i)) : core::zeros<T, N>();
-  if constexpr (V == Variant::kAddRms) {
+  if constexpr (RESIDUAL) {
     Vec<T, N> res[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
@@ -157,14 +155,14 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
       } else {
         h[i] = add_residual<T, N>(h[i], res[i], nullptr);
       }
-      core::store(r.residual_out + col(i), h[i]);
+      core::store(r.new_residual + col(i), h[i]);
     }
   }
   const auto weight_at = [&](int i) {
     return p.weight ? core::load_cached<T, N>(static_cast<const T*>(p.weight) + col(i)) : Vec<T, N>{};
   };
   const auto bias_at = [&](int i) {
-    return V == Variant::kLayer && p.bias
+    return TYPE == NormType::kLayer && p.bias
                ? core::load_cached<T, N>(static_cast<const T*>(p.bias) + col(i))
                : Vec<T, N>{};
   };
@@ -177,7 +175,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
     return MOD ? core::load_cached<T, N>(shift + col(i)) : Vec<T, N>{};
   };
   Vec<T, N> w[ITEMS], b[ITEMS], sc[ITEMS], sh[ITEMS];
-  if constexpr (kPrefetchAffine<ITEMS, V, MOD>) {
+  if constexpr (kPrefetchAffine<ITEMS, TYPE, MOD>) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
@@ -194,7 +192,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
   // summing the row itself leaves its mean off by ~1e-4, a percent of the spread. Two-pass
   // variance (squared deviations, not E[x^2] - mean^2, which cancels).
   float pivot = 0.0f, mean = 0.0f, sq = 0.0f;
-  if constexpr (V == Variant::kLayer) {
+  if constexpr (TYPE == NormType::kLayer) {
     pivot = static_cast<float>(r.x[0]);
     float sum = 0.0f;
 #pragma unroll
@@ -228,13 +226,13 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, V, 
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (!valid(i)) continue;
-    if constexpr (!kPrefetchAffine<ITEMS, V, MOD>) {
+    if constexpr (!kPrefetchAffine<ITEMS, TYPE, MOD>) {
       w[i] = weight_at(i);
       b[i] = bias_at(i);
       sc[i] = scale_at(i);
       sh[i] = shift_at(i);
     }
-    h[i] = normalize<V == Variant::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], pivot, mean, rstd);
+    h[i] = normalize<TYPE == NormType::kLayer, MOD>(p, h[i], w[i], b[i], sc[i], sh[i], pivot, mean, rstd);
     if (!FP8 || p.out) core::store(r.out + col(i), h[i]);
     if (FP8) core::absmax_into(amax, core::widen(h[i]));
   }
@@ -259,7 +257,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
   const int64_t nvec = active ? p.cols / N : 0;
   const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
   // After the first pass the (rounded) input lives here; re-reads see this thread's stores.
-  const T* h_src = r.residual ? r.residual_out : r.x;
+  const T* h_src = r.residual ? r.new_residual : r.x;
   const T* weight = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   const T* gate = core::row_vector<T>(p.gate, active ? row : 0, p.tokens);
@@ -280,7 +278,7 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
       } else {
         hv = add_residual<T, N>(hv, res, nullptr);
       }
-      core::store(r.residual_out + v * N, hv);
+      core::store(r.new_residual + v * N, hv);
     }
     const Floats<N> h = core::widen(hv);
 #pragma unroll
@@ -335,11 +333,11 @@ template <typename T, int N, int ITEMS, int TPR, bool MOD, bool FP8>
 cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
   const dim3 block(TPR, kMaxCachedThreads / TPR);
   if (p.type == NormType::kLayer) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kLayer, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, N, ITEMS, NormType::kLayer, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
   } else if (p.residual) {
-    norm_cached_kernel<T, N, ITEMS, Variant::kAddRms, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, N, ITEMS, NormType::kRms, true, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
   } else {
-    norm_cached_kernel<T, N, ITEMS, Variant::kRms, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, N, ITEMS, NormType::kRms, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -30,10 +30,10 @@ void reference(const NormParams& p) {
       }
       h[c] = v;
     }
-    // Write the new residual only after reading the whole row: residual_out may alias it.
-    if (p.residual_out) {
+    // Write the new residual only after reading the whole row: new_residual may alias it.
+    if (p.new_residual) {
       for (int64_t c = 0; c < p.cols; ++c)
-        store(p.residual_out, row * p.residual_out_row_stride + c, p.dtype, h[c]);
+        store(p.new_residual, row * p.new_residual_row_stride + c, p.dtype, h[c]);
     }
     double mean = 0.0;
     if (p.type == NormType::kLayer) {

@@ -118,7 +118,9 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          std::optional<double> scale, c10::string_view precision) {
   at::Tensor out = attention_meta(q, k, v, attn_mask, scale, precision);
   const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
-  reference(params_of(q, k, v, mask, scale, precision, out));
+  const AttentionParams p = params_of(q, k, v, mask, scale, precision, out);
+  check_core(p, "attention");
+  reference(p);
   return out;
 }
 
@@ -138,6 +140,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   AttentionParams p = params_of(q16, k16, v16, mask, scale, precision, out);
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
   p.arch = prop->major * 10 + prop->minor;
+  check_core(p, "attention");
   if (ValidationError error = cuda_support(p)) TORCH_CHECK_VALUE(false, "attention: ", error);
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor workspace = at::empty({workspace_bytes(p)}, q.options().dtype(at::kByte));

@@ -87,10 +87,20 @@ RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& kee
 void check_compute_capability(const at::Tensor& x, int minimum, const char* op, const char* lacks);
 #endif
 
+// The core's own checks (validate(), overloaded on the params type), raised as a ValueError
+// naming the op on every device: a CUDA launcher that rejects its params can only return an
+// error code, and the CPU reference throws the bare message. The bindings check the arguments
+// first, so this fires only when a binding and the core disagree.
+template <typename Params>
+void check_core(const Params& p, const char* op) {
+  if (ValidationError error = validate(p)) TORCH_CHECK_VALUE(false, op, ": ", error);
+}
+
 // Runs the op's CPU reference for CPU tensors, or its CUDA launcher on x's device and
 // current stream. `launch` and `reference` are overloaded on the params type.
 template <typename Params>
 void run(const Params& p, const at::Tensor& x, const char* op) {
+  check_core(p, op);
   if (x.device().is_cpu()) {
     reference(p);
     return;

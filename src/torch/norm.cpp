@@ -91,9 +91,10 @@ void normalize_into(const char* op, NormType type, const at::Tensor& x, const Op
   run(p, x, op);
 }
 
-at::Tensor normalize(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
-                     const OptTensor& bias, double eps, double weight_offset,
-                     const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
+// A fresh tensor holding x normalized (normalize_into with a new out).
+at::Tensor normalized(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
+                      const OptTensor& bias, double eps, double weight_offset,
+                      const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
   at::Tensor out = at::empty(x.sizes(), x.options());
   normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, &out, nullptr);
   return out;
@@ -109,18 +110,18 @@ std::tuple<at::Tensor, at::Tensor> normalize_fp8(const char* op, const at::Tenso
 
 at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps,
                     double weight_offset) {
-  return normalize("rms_norm", NormType::kRms, x, weight, std::nullopt, eps, weight_offset);
+  return normalized("rms_norm", NormType::kRms, x, weight, std::nullopt, eps, weight_offset);
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                       double eps) {
-  return normalize("layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0);
+  return normalized("layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0);
 }
 
 at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                           const OptTensor& weight, double eps) {
-  return normalize("adaln_rms_norm", NormType::kRms, x, weight, std::nullopt, eps, 0.0, &scale,
-                   &shift);
+  return normalized("adaln_rms_norm", NormType::kRms, x, weight, std::nullopt, eps, 0.0, &scale,
+                    &shift);
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fp8(const at::Tensor& x, const OptTensor& weight, double eps,
@@ -135,8 +136,8 @@ std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8(const at::Tensor& x, const
 
 at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                             const OptTensor& weight, const OptTensor& bias, double eps) {
-  return normalize("adaln_layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, &scale,
-                   &shift);
+  return normalized("adaln_layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, &scale,
+                    &shift);
 }
 
 // The out= forms: `out` has x's dtype, device and shape and is contiguous (the kernels write
@@ -172,23 +173,23 @@ void adaln_layer_norm_out(const at::Tensor& x, const at::Tensor& scale, const at
 }
 
 // Writes rms_norm(x + residual) to `out` (or, with `fp8`, quantized to it) and x + residual
-// to residual_out.
-void add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual, at::Tensor& residual_out,
+// to new_residual.
+void add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual, at::Tensor& new_residual,
                        const OptTensor& weight, double eps, double weight_offset, at::Tensor* out, Fp8Out* fp8) {
   const auto [w, b] = check_norm_args(op, x, &residual, weight, std::nullopt, eps);
   const Rows rows = as_rows(x);
   const Rows res = as_rows(residual);
   if (rows.rows == 0) return;
-  // residual_out is either fresh (contiguous) or residual itself; a residual that had to be
+  // new_residual is either fresh (contiguous) or residual itself; a residual that had to be
   // copied to be read as rows is updated through that copy, then copied back.
-  const bool in_place = residual_out.is_same(residual);
-  at::Tensor res_out = in_place ? res.tensor : residual_out;
+  const bool in_place = new_residual.is_same(residual);
+  at::Tensor res_out = in_place ? res.tensor : new_residual;
   NormParams p = make_params(NormType::kRms, rows, w, b, eps, weight_offset, out);
   if (fp8) set_fp8_out(p, *fp8);
   p.residual = res.tensor.const_data_ptr();
   p.residual_row_stride = res.row_stride;
-  p.residual_out = res_out.mutable_data_ptr();
-  p.residual_out_row_stride = in_place ? res.row_stride : rows.cols;
+  p.new_residual = res_out.mutable_data_ptr();
+  p.new_residual_row_stride = in_place ? res.row_stride : rows.cols;
   run(p, x, op);
   if (in_place && !res.tensor.is_same(residual)) residual.copy_(res.tensor);
 }
@@ -197,19 +198,19 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
                                                       const at::Tensor& residual,
                                                       const OptTensor& weight, double eps,
                                                       double weight_offset) {
-  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  at::Tensor new_residual = at::empty(x.sizes(), x.options());
   at::Tensor out = at::empty(x.sizes(), x.options());
-  add_rms_norm_into("fused_add_rms_norm", x, residual, residual_out, weight, eps, weight_offset, &out, nullptr);
-  return {out, residual_out};
+  add_rms_norm_into("fused_add_rms_norm", x, residual, new_residual, weight, eps, weight_offset, &out, nullptr);
+  return {out, new_residual};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_add_rms_norm_fp8(const at::Tensor& x, const at::Tensor& residual,
                                                                       const OptTensor& weight, double eps,
                                                                       double weight_offset) {
-  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  at::Tensor new_residual = at::empty(x.sizes(), x.options());
   Fp8Out o = empty_fp8(x);
-  add_rms_norm_into("fused_add_rms_norm_fp8", x, residual, residual_out, weight, eps, weight_offset, nullptr, &o);
-  return {o.q, o.scale, residual_out};
+  add_rms_norm_into("fused_add_rms_norm_fp8", x, residual, new_residual, weight, eps, weight_offset, nullptr, &o);
+  return {o.q, o.scale, new_residual};
 }
 
 at::Tensor fused_add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const OptTensor& weight,
@@ -239,8 +240,8 @@ void gated_residual_adaln_rms_norm_into(const char* op, const at::Tensor& x, con
   if (fp8) set_fp8_out(p, *fp8);
   p.residual = x_rows.tensor.const_data_ptr();
   p.residual_row_stride = x_rows.row_stride;
-  p.residual_out = x_new.mutable_data_ptr();
-  p.residual_out_row_stride = x_rows.cols;
+  p.new_residual = x_new.mutable_data_ptr();
+  p.new_residual_row_stride = x_rows.cols;
   at::Tensor keep[3];
   set_modulation(p, x, scale, shift, keep);
   if (gate) p.gate = row_vectors(*gate, x, keep[2]);

@@ -17,7 +17,7 @@ struct Normalized {
   at::Tensor rstd;
 };
 
-Normalized normalize(const at::Tensor& x, bool center, double eps) {
+Normalized normalized_fp32(const at::Tensor& x, bool center, double eps) {
   at::Tensor xf = f32(x);
   if (center) xf = xf - xf.mean(-1, true);
   const at::Tensor rstd = at::rsqrt(xf.square().mean(-1, true) + eps);
@@ -36,7 +36,7 @@ at::Tensor normalize_backward(const at::Tensor& dxhat, const Normalized& n, bool
 // from dy (fp32); dx in fp32.
 Grads3 affine_norm_backward(const at::Tensor& dy, const at::Tensor& x, const OptTensor& weight,
                             const OptTensor& bias, bool center, double eps, double weight_offset) {
-  const Normalized n = normalize(x, center, eps);
+  const Normalized n = normalized_fp32(x, center, eps);
   const at::Tensor dxhat = weight ? dy * (f32(*weight) + weight_offset) : dy;
   return {normalize_backward(dxhat, n, center), weight ? reduce_like(dy * n.xhat, *weight) : none_grad(x),
           bias ? reduce_like(dy, *bias) : none_grad(x)};
@@ -51,7 +51,7 @@ Grads3 modulation_backward(const at::Tensor& g, const at::Tensor& normed, const 
 
 at::Tensor norm_output(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, bool center,
                        double eps) {
-  at::Tensor y = normalize(x, center, eps).xhat;
+  at::Tensor y = normalized_fp32(x, center, eps).xhat;
   if (weight) y = y * f32(*weight);
   if (bias) y = y + f32(*bias);
   return y;

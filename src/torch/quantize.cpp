@@ -133,8 +133,12 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const 
                           const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
   at::Tensor out = fp8_linear_meta(x, x_scale, weight, weight_scale, bias, out_dtype);
   const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
-  reference(params_of(a, x_scale.contiguous(), weight.contiguous(), weight_scale.contiguous(),
-                      bias ? std::optional(bias->contiguous()) : std::nullopt, out));
+  // (named: p points into them)
+  const at::Tensor xs = x_scale.contiguous(), w = weight.contiguous(), ws = weight_scale.contiguous();
+  const OptTensor b = bias ? std::optional(bias->contiguous()) : std::nullopt;
+  const Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
+  check_core(p, "fp8_linear");
+  reference(p);
   return out;
 }
 
@@ -190,6 +194,7 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
   Fp8LinearParams p = params_of(a, xs, w, ws, bias, out);
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
   p.arch = prop->major * 10 + prop->minor;
+  check_core(p, "fp8_linear");
   if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
     const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor workspace = at::empty({workspace_bytes(p)}, x.options().dtype(at::kByte));

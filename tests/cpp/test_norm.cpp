@@ -85,9 +85,9 @@ TEST(NormReference, FusedAddRoundsResidualToDtypeInPlace) {
   p.eps = 0.0f;
   p.x = x.data();
   p.residual = residual.data();
-  p.residual_out = residual.data();  // in place
+  p.new_residual = residual.data();  // in place
   p.out = out.data();
-  p.x_row_stride = p.residual_row_stride = p.residual_out_row_stride = p.out_row_stride = 2;
+  p.x_row_stride = p.residual_row_stride = p.new_residual_row_stride = p.out_row_stride = 2;
   reference(p);
   EXPECT_EQ(host::bf16_to_float(residual[0]), 1.0f);
   EXPECT_EQ(host::bf16_to_float(residual[1]), 2.0f);
@@ -108,8 +108,8 @@ TEST(NormReference, GatedResidualAndModulationPerBatch) {
   p.eps = 0.0f;
   p.residual = x.data();
   p.residual_row_stride = 2;
-  p.residual_out = x_new.data();
-  p.residual_out_row_stride = 2;
+  p.new_residual = x_new.data();
+  p.new_residual_row_stride = 2;
   p.tokens = 1;
   p.gate = {gate.data(), 2, 0};
   p.scale = {scale.data(), 2, 0};
@@ -175,11 +175,19 @@ TEST(NormValidate, RejectsBadParams) {
   bad.out_row_stride = 3;
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
-  bad.residual = x.data();  // without residual_out
+  bad.residual = x.data();  // without new_residual
   EXPECT_NE(validate(bad), nullptr);
   bad = p;
   bad.bias = x.data();  // bias on an RMS norm
   EXPECT_NE(validate(bad), nullptr);
+  bad = p;
+  bad.type = NormType::kLayer;  // a residual on a layer norm: the kernels have none
+  bad.residual = x.data();
+  bad.new_residual = out.data();
+  bad.new_residual_row_stride = 4;
+  EXPECT_NE(validate(bad), nullptr);
+  bad.type = NormType::kRms;
+  EXPECT_EQ(validate(bad), nullptr);
   bad = p;
   bad.eps = -1.0f;
   EXPECT_NE(validate(bad), nullptr);

@@ -47,7 +47,7 @@ void check_case(const Case& c) {
   p.rows = c.rows;
   p.cols = c.cols;
   p.x_row_stride = p.residual_row_stride = c.stride;
-  p.out_row_stride = p.residual_out_row_stride = c.cols;
+  p.out_row_stride = p.new_residual_row_stride = c.cols;
   p.eps = 1e-5f;
 
   DeviceBuffer dx(x), dres(res), dw(w), db(b), dmod(mod), dout(out), dres_out(res_out);
@@ -62,7 +62,7 @@ void check_case(const Case& c) {
   };
   p.x = dx.ptr;
   p.out = dout.ptr;
-  if (c.residual) p.residual = dres.ptr, p.residual_out = dres_out.ptr;
+  if (c.residual) p.residual = dres.ptr, p.new_residual = dres_out.ptr;
   if (c.weight) p.weight = dw.ptr;
   if (c.bias) p.bias = db.ptr;
   set_mod(dmod.ptr);
@@ -73,7 +73,7 @@ void check_case(const Case& c) {
 
   p.x = x.data();
   p.out = out.data();
-  if (c.residual) p.residual = res.data(), p.residual_out = res_out.data();
+  if (c.residual) p.residual = res.data(), p.new_residual = res_out.data();
   if (c.weight) p.weight = w.data();
   if (c.bias) p.bias = b.data();
   set_mod(mod.data());
@@ -99,7 +99,7 @@ void check_case(const Case& c) {
     p.x = dx.ptr;
     p.out = with_out ? dout.ptr : nullptr;
     p.out_row_stride = with_out ? c.cols : 0;
-    if (c.residual) p.residual = dres.ptr, p.residual_out = dres_out.ptr;
+    if (c.residual) p.residual = dres.ptr, p.new_residual = dres_out.ptr;
     if (c.weight) p.weight = dw.ptr;
     if (c.bias) p.bias = db.ptr;
     set_mod(dmod.ptr);

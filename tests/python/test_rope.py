@@ -392,3 +392,14 @@ def test_bad_input_names_the_argument(device):
     for message, call in cases:
         with pytest.raises((ValueError, TypeError), match=message):
             call()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_core_rejection_names_the_op_on_every_device(device):
+    """A row of 2^31 columns passes the binding's checks but not the core's (32-bit column
+    indices): the core's own message reaches the user with the op's name, on the CPU and on
+    CUDA alike (a CUDA launcher can only return an error code; it once surfaced as 'CUDA launch
+    failed: invalid argument'). torch.empty does not touch the 4 GiB, and nothing is written."""
+    x = torch.empty(1, 1, 2**31, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=r"^ltx_rope_angles: cols must be < 2\^31$"):
+        torch.ops.ltx_kernels.ltx_rope_angles(x, [1, 1, 1], [1.0, 1.0, 1.0], None, 10000.0)
