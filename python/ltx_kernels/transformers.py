@@ -55,13 +55,25 @@ from ltx_kernels._patching import (
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
 SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
 
-# model_type -> class-name prefix in transformers.models.<model_type>.modeling_<model_type>
-FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}
+# model_type -> class-name prefix in transformers.models.<module>.modeling_<module> (the module
+# is the model_type unless _MODULES says otherwise)
+FAMILIES = {
+    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
+    "gemma2": "Gemma2", "gemma3_text": "Gemma3",
+}  # fmt: skip
+_MODULES = {"gemma3_text": "gemma3"}
+# Families whose decoder layer is Llama's (norm, attention, residual add, norm, MLP, residual
+# add): it runs the residual add and the post-attention norm as one fused_add_rms_norm. Gemma 2
+# and 3 norm the attention and MLP outputs before each residual add (four norms per layer):
+# their decoder layers stay stock, with each norm, the attention's RoPE and the MLP patched.
+_FUSED_DECODER_LAYERS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
+# The config attribute naming the MLP's activation (Gemma 2 and 3 read hidden_activation).
+_ACTIVATION_ATTRIBUTE = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation"}
 # Architectures whose LayerNorms alone are patched (torch.nn.LayerNorm -> layer_norm); the rest
 # of the model (Falcon: fused QKV attention and its RoPE, a GELU MLP) stays stock.
 LAYER_NORM_MODEL_TYPES = ("falcon",)
 # Gemma's RMSNorm scales by (1 + weight) in fp32 and rounds once.
-_WEIGHT_OFFSET = {"gemma": 1.0}
+_WEIGHT_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3_text": 1.0}
 # The norm forward for each weight_offset (the one the Kernels Hub layers run too).
 _NORM_FORWARDS = {0.0: rms_norm_forward, 1.0: gemma_rms_norm_forward}
 
@@ -214,6 +226,9 @@ def _attention_forward(
         dropout=0.0 if not self.training else self.attention_dropout,
         scaling=self.scaling,
         sliding_window=self._ltx_sliding_window(self),
+        # Gemma 2 caps the attention logits (softcap * tanh(logits / softcap)); only its
+        # attention passes the argument, as its stock forward does
+        **({"softcap": self.attn_logit_softcapping} if self._ltx_softcap else {}),
         **kwargs,
     )
     attn_output = attn_output.reshape(*input_shape, -1).contiguous()
@@ -255,13 +270,16 @@ def _probe_norm(module: nn.Module) -> float | str:
 
 
 def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
-    modeling = sys.modules[f"transformers.models.{model_type}.modeling_{model_type}"]
+    module = _MODULES.get(model_type, model_type)
+    modeling = sys.modules[f"transformers.models.{module}.modeling_{module}"]
     prefix = FAMILIES[model_type]
     classes = {
         kind: getattr(modeling, prefix + kind) for kind in ("RMSNorm", "DecoderLayer", "Attention", "MLP")
     }
     offset = _WEIGHT_OFFSET.get(model_type, 0.0)
-    activation = _GATED_ACTIVATIONS.get(getattr(model.config, "hidden_act", None))
+    activation_attribute = _ACTIVATION_ATTRIBUTE.get(model_type, "hidden_act")
+    activation_name = getattr(model.config, activation_attribute, None)
+    activation = _GATED_ACTIVATIONS.get(activation_name)
     sliding_window = _sliding_window_of_config if model_type == "mistral" else _sliding_window_of_layer
 
     for name, module in model.named_modules():
@@ -269,7 +287,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
         if kind == "RMSNorm":
             patch(module, _NORM_FORWARDS[offset])
             report.patched["RMSNorm (rms_norm)"] += 1
-        elif kind == "DecoderLayer":
+        elif kind == "DecoderLayer" and model_type in _FUSED_DECODER_LAYERS:
             norms = (module.input_layernorm, module.post_attention_layernorm)
             if not all(type(n) is classes["RMSNorm"] for n in norms):
                 report.skipped.append(f"{name}: decoder layer norms are not {prefix}RMSNorm")
@@ -278,7 +296,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
             report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"] += 1
         elif kind == "MLP":
             if activation is None:
-                report.skipped.append(f"{name}: no fused gated op for hidden_act={model.config.hidden_act!r}")
+                report.skipped.append(f"{name}: no fused gated op for {activation_attribute}={activation_name!r}")
                 continue
             patch(module, _mlp_forward, _ltx_gated_activation=activation)
             report.patched[f"gated MLP ({activation.__name__})"] += 1
@@ -289,6 +307,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
                 _ltx_qk_norm=hasattr(module, "q_norm"),
                 _ltx_eager_attention=modeling.eager_attention_forward,
                 _ltx_sliding_window=sliding_window,
+                _ltx_softcap=model_type == "gemma2",
             )
             report.patched["attention rotary embedding (apply_rotary_pos_emb)"] += 1
 
