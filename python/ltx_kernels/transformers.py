@@ -59,13 +59,14 @@ SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
 # is the model_type unless _MODULES says otherwise)
 FAMILIES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
-    "gemma2": "Gemma2", "gemma3_text": "Gemma3",
+    "gemma2": "Gemma2", "gemma3_text": "Gemma3", "phi3": "Phi3",
 }  # fmt: skip
 _MODULES = {"gemma3_text": "gemma3"}
 # Families whose decoder layer is Llama's (norm, attention, residual add, norm, MLP, residual
 # add): it runs the residual add and the post-attention norm as one fused_add_rms_norm. Gemma 2
 # and 3 norm the attention and MLP outputs before each residual add (four norms per layer):
-# their decoder layers stay stock, with each norm, the attention's RoPE and the MLP patched.
+# their decoder layers stay stock, with each norm, the attention's RoPE and the MLP patched; so
+# do Phi-3's, which apply a residual dropout before each add.
 _FUSED_DECODER_LAYERS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 # The config attribute naming the MLP's activation (Gemma 2 and 3 read hidden_activation).
 _ACTIVATION_ATTRIBUTE = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation"}
@@ -185,7 +186,10 @@ def _takes_quantized(module: nn.Module, linears: tuple[str, ...]) -> bool:
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    gate, up = _fp8.linears(x, (self.gate_proj, self.up_proj))  # one FP8 quantization of x
+    if hasattr(self, "gate_up_proj"):  # Phi-3: one projection, [gate | up], read as two views
+        gate, up = _fp8.linears(x, (self.gate_up_proj,))[0].chunk(2, dim=-1)
+    else:
+        gate, up = _fp8.linears(x, (self.gate_proj, self.up_proj))  # one FP8 quantization of x
     return _fp8.linears(self._ltx_gated_activation(gate, up), (self.down_proj,))[0]
 
 
@@ -202,7 +206,12 @@ def _attention_forward(
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     # [B, S, H, Dh] views of the projections: the rotary op reads them in place.
-    query, key, value = _fp8.linears(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+    if hasattr(self, "qkv_proj"):  # Phi-3: one projection, split as its forward splits it
+        kv_size = self.config.num_key_value_heads * self.head_dim
+        query, key, value = _fp8.linears(hidden_states, (self.qkv_proj,))[0].split(
+            [self.config.num_attention_heads * self.head_dim, kv_size, kv_size], dim=-1)
+    else:
+        query, key, value = _fp8.linears(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
     query, key = query.view(hidden_shape), key.view(hidden_shape)
     value = value.view(hidden_shape).transpose(1, 2)
     if self._ltx_qk_norm:
@@ -236,7 +245,7 @@ def _attention_forward(
 
 
 def _sliding_window_of_config(attention: nn.Module) -> int | None:
-    return getattr(attention.config, "sliding_window", None)  # Mistral: one window for all layers
+    return getattr(attention.config, "sliding_window", None)  # Mistral, Phi-3: one for all layers
 
 
 def _sliding_window_of_layer(attention: nn.Module) -> int | None:
@@ -280,7 +289,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
     activation_attribute = _ACTIVATION_ATTRIBUTE.get(model_type, "hidden_act")
     activation_name = getattr(model.config, activation_attribute, None)
     activation = _GATED_ACTIVATIONS.get(activation_name)
-    sliding_window = _sliding_window_of_config if model_type == "mistral" else _sliding_window_of_layer
+    sliding_window = _sliding_window_of_config if model_type in ("mistral", "phi3") else _sliding_window_of_layer
 
     for name, module in model.named_modules():
         kind = next((k for k, cls in classes.items() if type(module) is cls), None)

@@ -17,9 +17,9 @@ import ltx_kernels.transformers as lt  # noqa: E402
 from ltx_kernels import _forwards  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"]
 # Families whose decoder layers run fused_add_rms_norm (Gemma 2 and 3 norm before each residual
-# add: their layers stay stock, their four norms each patched).
+# add, Phi-3 applies a residual dropout: their layers stay stock, their norms each patched).
 FUSED_DECODER = ["llama", "mistral", "qwen2", "qwen3", "gemma"]
 
 # Odd-ish sizes, GQA (6 query heads on 2 kv heads) and, for Qwen3 and Gemma, a head_dim that
@@ -44,6 +44,8 @@ EXTRA = {
     # apply reports (test_transformers_loss.py): off here, so that apply patches all silently.
     "gemma2": dict(head_dim=24, sliding_window=6, query_pre_attn_scalar=20, final_logit_softcapping=None),
     "gemma3_text": dict(head_dim=24, sliding_window=6, query_pre_attn_scalar=20),
+    # fused q/k/v and gate/up projections; RoPE on half of each head (partial rotary)
+    "phi3": dict(partial_rotary_factor=0.5, sliding_window=6, pad_token_id=0),
 }
 
 
@@ -127,7 +129,7 @@ def test_fp32_greedy_generate_identical(model_type):
 
 @pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"])
 def test_kv_cache_decode_matches_full_forward(model_type, device, cache_kind):
     """Prefill then one-token decode steps through the cache give the full forward's logits."""
     model = tiny_model(model_type).to(device)
@@ -149,7 +151,7 @@ def test_kv_cache_decode_matches_full_forward(model_type, device, cache_kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma3_text", "phi3"])
 def test_compile_fullgraph(model_type, device):
     model = tiny_model(model_type).to(device)
     lt.apply(model)
@@ -235,7 +237,7 @@ def tiny_gpt2():
 def test_model_with_nothing_to_patch_names_its_class_and_the_supported_ones():
     model = tiny_gpt2()
     with pytest.raises(ValueError, match="apply: nothing to patch in GPT2LMHeadModel \\(model_type 'gpt2'\\): "
-                                         "ltx_kernels supports the model types gemma, gemma2, gemma3_text, llama, mistral, qwen2, qwen3"):
+                                         "ltx_kernels supports the model types gemma, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3"):
         lt.apply(model)
     assert not any(is_patched(m) for m in model.modules())
 
