@@ -1,0 +1,90 @@
+"""LTX-2 (diffusers' LTX2VideoTransformer3DModel, video + audio) under inject (issue 20), a first
+step with no family module of its own: the by-class patches (its RMSNorms, q/k norms across
+heads, GELU-tanh feed-forwards) and our attention backend on its processors, against the stock
+model: fp32 within rounding, bf16 no worse than stock, training, remove()."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+pytest.importorskip("diffusers")
+from diffusers import LTX2VideoTransformer3DModel  # noqa: E402
+from diffusers.models.normalization import RMSNorm  # noqa: E402
+
+import ltx_kernels.diffusers as lkd  # noqa: E402
+from test_diffusers_flux import assert_trains_like_stock, inject_quietly  # noqa: E402
+
+LAYERS = 2
+B, FRAMES, HEIGHT, WIDTH, AUDIO_FRAMES, TEXT = 2, 2, 4, 4, 5, 7
+
+
+def tiny_ltx2(seed=0):
+    """fp32 tiny LTX-2 transformer (2 blocks, video and audio: 2 heads of 8), its weights
+    randomized so that every norm, gate and modulation matters."""
+    torch.manual_seed(seed)
+    model = LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
+        audio_cross_attention_dim=16, num_layers=LAYERS, caption_channels=16, norm_elementwise_affine=True,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+def inputs(dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    n = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    return dict(hidden_states=n(B, FRAMES * HEIGHT * WIDTH, 8), audio_hidden_states=n(B, AUDIO_FRAMES, 8),
+                encoder_hidden_states=n(B, TEXT, 16), audio_encoder_hidden_states=n(B, TEXT, 16),
+                timestep=torch.tensor([500.0, 300.0], dtype=dtype), num_frames=FRAMES, height=HEIGHT, width=WIDTH,
+                audio_num_frames=AUDIO_FRAMES)  # fmt: skip
+
+
+def outputs(model, dtype=torch.float32):
+    with torch.no_grad():
+        out = model(**inputs(dtype))
+    return out.sample.float(), out.audio_sample.float()
+
+
+@pytest.mark.parametrize("attention", [None, "bf16"])
+def test_matches_stock_fp32(attention):
+    stock = tiny_ltx2()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model, attention=attention)
+    norms = [m for m in model.modules() if type(m) is RMSNorm]
+    torch_norms = [m for m in model.modules() if type(m) is torch.nn.RMSNorm]  # q/k across heads
+    assert report.patched["RMSNorm (rms_norm)"] == len(norms) > 0
+    assert report.patched["torch.nn.RMSNorm (rms_norm)"] == len(torch_norms) > 0
+    assert report.patched["GELU tanh (linear_gelu_tanh)"] == 2 * LAYERS  # video and audio FF
+    if attention is not None:
+        # per block: self, text cross and audio-video attention of each stream
+        assert report.patched["LTX2Attention (attention backend 'ltx_kernels')"] == 6 * LAYERS
+    for ours, ref in zip(outputs(model), outputs(stock)):
+        assert rel_err(ours, ref) < 1e-5
+
+
+def test_bf16_no_worse_than_stock():
+    reference = tiny_ltx2()
+    stock16 = copy.deepcopy(reference).to(torch.bfloat16)
+    ours16 = copy.deepcopy(stock16)
+    inject_quietly(ours16)
+    for ours, stock, ref in zip(outputs(ours16, torch.bfloat16), outputs(stock16, torch.bfloat16), outputs(reference)):
+        assert 0 < rel_err(ours, ref) <= 1.1 * rel_err(stock, ref)
+
+
+def test_trains_like_stock():
+    assert_trains_like_stock(tiny_ltx2(), inputs())
+
+
+def test_remove_restores_stock():
+    stock = tiny_ltx2()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model, attention="bf16")
+    assert lkd.remove(model) == sum(report.patched.values())
+    for ours, ref in zip(outputs(model), outputs(stock)):
+        assert torch.equal(ours, ref)
