@@ -1,7 +1,7 @@
 """LTX-2 (diffusers' LTX2VideoTransformer3DModel, video + audio) under inject (issue 20), a first
 step with no family module of its own: the by-class patches (its RMSNorms, q/k norms across
 heads, GELU-tanh feed-forwards) and our attention backend on its processors, against the stock
-model: fp32 within rounding, bf16 no worse than stock, training, remove()."""
+model: fp32 within rounding, bf16 no worse than stock, training, remove(), fullgraph compile."""
 
 import copy
 
@@ -88,3 +88,14 @@ def test_remove_restores_stock():
     assert lkd.remove(model) == sum(report.patched.values())
     for ours, ref in zip(outputs(model), outputs(stock)):
         assert torch.equal(ours, ref)
+
+
+def test_compile_fullgraph():
+    """Patched, with our attention backend: one graph (no break) and the eager outputs."""
+    model = tiny_ltx2()
+    inject_quietly(model, attention="bf16")
+    eager = outputs(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for ours, ref in zip(outputs(compiled), eager):
+        assert rel_err(ours, ref) < 1e-6

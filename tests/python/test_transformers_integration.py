@@ -151,7 +151,7 @@ def test_kv_cache_decode_matches_full_forward(model_type, device, cache_kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"])
 def test_compile_fullgraph(model_type, device):
     model = tiny_model(model_type).to(device)
     lt.apply(model)
