@@ -55,8 +55,8 @@ from ltx_kernels._patching import (
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
 SUPPORTED_VERSIONS = (5, 6)  # [major_min, major_max)
 
-# model_type -> class-name prefix in transformers.models.<module>.modeling_<module> (the module
-# is the model_type unless _MODULES says otherwise)
+# model_type -> class-name prefix in transformers.models.<package>.modeling_<package> (the
+# package is the model_type unless _MODULES says otherwise)
 FAMILIES = {
     "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
     "gemma2": "Gemma2", "gemma3_text": "Gemma3", "phi3": "Phi3",
@@ -279,8 +279,8 @@ def _probe_norm(module: nn.Module) -> float | str:
 
 
 def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
-    module = _MODULES.get(model_type, model_type)
-    modeling = sys.modules[f"transformers.models.{module}.modeling_{module}"]
+    package = _MODULES.get(model_type, model_type)
+    modeling = sys.modules[f"transformers.models.{package}.modeling_{package}"]
     prefix = FAMILIES[model_type]
     classes = {
         kind: getattr(modeling, prefix + kind) for kind in ("RMSNorm", "DecoderLayer", "Attention", "MLP")
