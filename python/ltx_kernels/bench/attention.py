@@ -144,7 +144,7 @@ def run_shape(label, b, h, sq, sk, d, masked) -> dict:
             except RuntimeError as error:  # e.g. a backend that refuses this shape
                 row[f"{name}_skip"] = str(error).splitlines()[0][:120]
         del q, k, v, ref
-        torch.cuda.empty_cache()
+        harness.release_memory()
     return row
 
 

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(row, flush=True)
         del model
-        torch.cuda.empty_cache()
+        harness.release_memory()
     meta = dict(harness.device_meta(None), config=args.config, frames=args.frames, steps=args.steps)
     lines = [f"LTX-Video {args.config}, random weights, {args.frames} frames {args.height}x{args.width}, CFG 3; "
              f"{meta['gpu']}, torch {meta['torch']}. Relative L2 distance of the final latents to the fp32 model's.\n",

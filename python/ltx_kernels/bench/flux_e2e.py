@@ -79,7 +79,7 @@ def run(stock, fresh, inputs, modes, reps: int) -> list[dict]:
         rows.append(row)
         print(_row_line(row), flush=True)
         del model
-        torch.cuda.empty_cache()
+        harness.release_memory()
     if stock is not None:
         set_mode(stock, "eager")
     return rows

@@ -24,7 +24,6 @@ LTXPipeline (scheduler and CFG included).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -163,10 +162,7 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         rows.append(row)
         print(_row_line(row), flush=True)
         del model, pipe
-        # Collected first: ours-fp8+attn8bit's peak read 9.98 GiB right after ours-fp8+cudagraph
-        # (ours-fp8: 6.28), likely that graph's memory pool kept alive by a reference cycle.
-        gc.collect()
-        torch.cuda.empty_cache()
+        harness.release_memory()
     if stock is not None:
         set_mode(stock, "eager")
     return rows
