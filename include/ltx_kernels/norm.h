@@ -7,6 +7,9 @@
 //   h   = residual + x * gate   (rounded to dtype, stored to new_residual; or h = x)
 //   y   = norm(h) * (weight + weight_offset) + bias
 //   out = y * (1 + scale) + shift
+// Mixed precision (x 16-bit): weight and bias may be float32, as models keep them
+// (_keep_in_fp32_modules, fp32 master weights), and out may then be float32 too, as a module
+// whose formula promotes (diffusers' RMSNorm, transformers' LlamaRMSNorm) returns it.
 // With an FP8 output, out (rounded to dtype, as it would be stored) is quantized per row to
 // e4m3 with quantize.h's format: exactly quantize_fp8(out), in one pass (the norm feeding an
 // FP8 GEMM).
@@ -29,7 +32,12 @@ enum class NormType : int32_t {
 
 struct NormParams {
   NormType type = NormType::kRms;
-  DType dtype = DType::kFloat32;  // of every tensor below
+  DType dtype = DType::kFloat32;  // of every tensor below but weight, bias and out:
+  // dtype or float32 (mixed precision), float32 only without scale / shift or an FP8 output
+  // (the forms torch modules compute: rms_norm, fused_add_rms_norm, layer_norm); a float32
+  // out needs a float32 weight_dtype.
+  DType weight_dtype = DType::kFloat32;  // of weight and bias
+  DType out_dtype = DType::kFloat32;     // of out
   int64_t rows = 0;
   int64_t cols = 0;
   float eps = 1e-6f;

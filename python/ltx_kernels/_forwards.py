@@ -4,10 +4,14 @@ wherever it is patched.
 
 Each reads the module's own attributes at call time, as the stock forward does (``weight``,
 ``eps`` / ``variance_epsilon``, ``proj``), so ``.to()``, hooks and changed attributes apply.
-One policy for what our kernels do not take: a weight in another dtype than the input (a
-weight kept in fp32 under a bf16 model, autocast; the kernels take one dtype for both) or a
-library's tensor subclass (a torchao-quantized weight) runs the module's own computation for
-that call.
+
+One mixed-precision policy for the norms: the kernels read a weight (and bias) in the input's
+dtype or in float32 (a weight kept in fp32 under a 16-bit model) and write the output in the
+input's dtype or in float32, so each module's stock output dtype comes out of one kernel call;
+a weight in a third dtype is widened to float32 first (exact, one [D] copy), and an output
+dtype the kernels do not write (a 16-bit weight's, beside an input of another dtype) is cast
+from their float32 result. A library's tensor subclass (a torchao-quantized weight) runs the
+module's own computation for that call.
 """
 
 from __future__ import annotations
@@ -34,37 +38,57 @@ def eps_of(module: nn.Module, dtype: torch.dtype | None = None) -> float:
     raise AttributeError(f"{type(module).__name__} has neither `variance_epsilon` nor `eps`")
 
 
-def _rms_norm(module: nn.Module, x: torch.Tensor, weight_offset: float) -> torch.Tensor:
-    weight = module.weight
-    if weight is not None and (weight.dtype != x.dtype or is_library_tensor(weight)):
+def _kernel_params(x: torch.Tensor, *params: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Weights as the norm kernels read them: in ``x``'s dtype or float32 as they are, another
+    dtype widened to float32 (exact)."""
+    return [p if p is None or p.dtype in (x.dtype, torch.float32) else p.float() for p in params]
+
+
+def _rms_norm(module: nn.Module, x: torch.Tensor, weight_offset: float, dtype: torch.dtype) -> torch.Tensor:
+    """``rms_norm`` with the module's weight and eps, in ``dtype`` (the stock forward's output
+    dtype), plus the module's ``bias`` where it has one (diffusers' ``RMSNorm(bias=True)``)."""
+    if is_library_tensor(module.weight):
         return type(module).forward(module, x)
     if x.stride(-1) != 1:  # e.g. a channels-last view in a VAE
         x = x.contiguous()
-    out = ops.rms_norm(x, weight, eps_of(module, x.dtype), weight_offset=weight_offset)
-    bias = getattr(module, "bias", None)  # diffusers' RMSNorm(bias=True)
+    (weight,) = _kernel_params(x, module.weight)
+    out_dtype = dtype if dtype in (x.dtype, torch.float32) else torch.float32
+    out = ops.rms_norm(x, weight, eps_of(module, x.dtype), weight_offset=weight_offset, out_dtype=out_dtype)
+    out = out.to(dtype)
+    bias = getattr(module, "bias", None)
     return out if bias is None else out + bias
+
+
+def _rms_norm_dtype(module: nn.Module, x: torch.Tensor) -> torch.dtype:
+    """The output dtype of the stock RMS norm forward, where weight and input dtypes differ."""
+    weight = module.weight
+    if weight is None or isinstance(module, nn.RMSNorm):
+        return x.dtype  # torch.nn.functional.rms_norm; diffusers' RMSNorm without weight
+    if hasattr(module, "variance_epsilon"):  # transformers: weight * normalized.to(x.dtype)
+        return torch.promote_types(weight.dtype, x.dtype)
+    return weight.dtype  # diffusers: normalized cast to a 16-bit weight's dtype, fp32 times an fp32 one
 
 
 def rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """An RMS norm's forward, ``rms_norm(x, weight, eps)`` (+ ``bias`` where the module has
     one): transformers' ``<Family>RMSNorm``, diffusers' ``RMSNorm``, ``torch.nn.RMSNorm``."""
-    return _rms_norm(self, hidden_states, 0.0)
+    return _rms_norm(self, hidden_states, 0.0, _rms_norm_dtype(self, hidden_states))
 
 
 def gemma_rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Gemma's RMS norm, ``rms_norm(x) * (1 + weight)`` (``weight_offset=1``)."""
-    return _rms_norm(self, x, 1.0)
+    """Gemma's RMS norm, ``rms_norm(x) * (1 + weight)`` (``weight_offset=1``), in ``x``'s
+    dtype as stock (``.type_as(x)``)."""
+    return _rms_norm(self, x, 1.0, x.dtype)
 
 
 def layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """``torch.nn.LayerNorm`` over the last dim (``normalized_shape`` of one size; checked when
-    patched): ``layer_norm(x, weight, bias, eps)``."""
-    params = [p for p in (self.weight, self.bias) if p is not None]
-    if any(p.dtype != x.dtype or is_library_tensor(p) for p in params):
-        return nn.LayerNorm.forward(self, x)
+    patched): ``layer_norm(x, weight, bias, eps)``, in ``x``'s dtype as stock."""
+    if is_library_tensor(self.weight) or is_library_tensor(self.bias):
+        return type(self).forward(self, x)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return ops.layer_norm(x, self.weight, self.bias, eps_of(self))
+    return ops.layer_norm(x, *_kernel_params(x, self.weight, self.bias), eps_of(self))
 
 
 def linear_gelu_tanh(proj: nn.Module, x: torch.Tensor, unfused: Callable[[], torch.Tensor],

@@ -32,9 +32,8 @@ diffusers' hooks (``enable_cache`` with any cache config, ``enable_layerwise_cas
 ``enable_sequential_cpu_offload()`` (see :mod:`ltx_kernels._patching`), and trace without
 graph breaks under ``torch.compile(fullgraph=True)`` and ``compile_repeated_blocks``.
 The norms and the GELU-tanh projection run the forwards of :mod:`ltx_kernels._forwards`, the
-same as the Kernels Hub layers': a norm whose input dtype differs from its weight's
-(mixed-precision setups) computes that call with the stock forward, as the fused op takes one
-dtype for both.
+same as the Kernels Hub layers': a norm whose weight is kept in fp32 beside 16-bit activations
+runs our kernel too, with the stock forward's output dtype (the policy in that module).
 """
 
 from __future__ import annotations

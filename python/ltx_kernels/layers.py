@@ -13,8 +13,8 @@ breaks. ``has_backward = True``: every op these layers call has a backward (regi
 
 The norms and ``LinearGeluTanh`` run the forwards that ``ltx_kernels.diffusers.inject`` and
 ``ltx_kernels.transformers.apply`` patch the same modules with (:mod:`ltx_kernels._forwards`):
-matching dtypes run one fused op (fp32 math, one rounding), no further from fp32 than the stock
-forward; a weight in another dtype than the input runs the module's own forward for that call.
+one fused op (fp32 math, one rounding), no further from fp32 than the stock forward, also
+with a weight in fp32 beside a 16-bit input, in the stock forward's output dtype.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ Outputs are new contiguous tensors of the input's shape and dtype.
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 
@@ -84,40 +85,34 @@ def rms_norm(
     eps: float = 1e-6,
     *,
     weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps) * (weight + weight_offset)``.
 
     ``weight`` is optional (diffusers' ``RMSNorm(elementwise_affine=False)`` has none);
-    ``weight_offset=1.0`` gives Gemma's ``(1 + weight)``.
+    ``weight_offset=1.0`` gives Gemma's ``(1 + weight)``. ``weight`` may be float32 beside a
+    16-bit ``x`` (as in ``torch.nn.functional.rms_norm``), as may the output: ``out_dtype``
+    None is ``x``'s dtype, ``torch.float32`` keeps the fp32 result unrounded (the dtype of
+    stock ``weight * normalized`` with an fp32 weight).
     """
-    return _ops.rms_norm(x, weight, _eps("rms_norm", eps), _real("rms_norm", "weight_offset", weight_offset))
+    return _ops.rms_norm(x, weight, _eps("rms_norm", eps), _real("rms_norm", "weight_offset", weight_offset),
+                         out_dtype)
 
 
-def fused_add_rms_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    *,
-    weight_offset: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                       *, weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(rms_norm(h), h)`` with ``h = x + residual`` rounded to the input dtype.
 
     The norm is computed from the same rounded ``h`` that is returned, as a decoder layer
-    that adds the residual and then normalizes would.
+    that adds the residual and then normalizes would. ``weight`` in ``x``'s dtype or float32;
+    both outputs in ``x``'s dtype.
     """
     fn = "fused_add_rms_norm"
     return _ops.fused_add_rms_norm(x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
 
 
-def fused_add_rms_norm_(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    *,
-    weight_offset: float = 0.0,
-) -> torch.Tensor:
+def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                        *, weight_offset: float = 0.0) -> torch.Tensor:
     """In-place :func:`fused_add_rms_norm`: ``residual`` becomes ``x + residual``; returns the norm."""
     fn = "fused_add_rms_norm_"
     return _ops.fused_add_rms_norm_(x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
@@ -129,7 +124,9 @@ def layer_norm(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
 ) -> torch.Tensor:
-    """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dim (biased variance)."""
+    """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dim (biased variance).
+    ``weight`` and ``bias`` in ``x``'s dtype or float32 (as ``torch.nn.functional.layer_norm``
+    takes them); the output in ``x``'s dtype."""
     return _ops.layer_norm(x, weight, bias, _eps("layer_norm", eps))
 
 
@@ -260,28 +257,17 @@ def fused_add_rms_norm_fp8(
         _real("fused_add_rms_norm_fp8", "weight_offset", weight_offset))
 
 
-def adaln_rms_norm_fp8(
-    x: torch.Tensor,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def adaln_rms_norm_fp8(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None = None,
+                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`adaln_rms_norm` for an FP8 GEMM's input: returns ``(q, q_scale)``, exactly
     ``quantize_fp8(adaln_rms_norm(x, scale, shift, weight, eps))`` (the dtype output rounded,
     then quantized) in one pass, without writing the dtype output. Forward-only."""
     return _ops.adaln_rms_norm_fp8(x, scale, shift, weight, _eps("adaln_rms_norm_fp8", eps))
 
 
-def gated_residual_adaln_rms_norm_fp8(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    gate: torch.Tensor | None,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gated_residual_adaln_rms_norm_fp8(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor,
+                                      shift: torch.Tensor, weight: torch.Tensor | None = None,
+                                      eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`gated_residual_adaln_rms_norm` for an FP8 GEMM's input: returns ``(x_new, q,
     q_scale)``, ``x_new`` as there and ``(q, q_scale)`` exactly ``quantize_fp8(normed)``, in one
     pass. Forward-only."""
@@ -534,29 +520,32 @@ def ltx_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 
 def _ltx_positions(
+    fn: str,
     num_frames: int,
     height: int,
     width: int,
     rope_interpolation_scale,
     video_coords: torch.Tensor | None,
+    theta: float,
     base_num_frames: int,
     base_height: int,
     base_width: int,
     patch_size: int,
     patch_size_t: int,
-    fn: str = "inject",
-) -> tuple[list[int], list[float]]:
-    """(grid, axis_scale) of LTXVideoRotaryPosEmbed: positions are scaled per axis by
-    ``axis_scale`` before ``2 * g - 1``. With ``video_coords`` the grid is unused (the
-    pipelines pass no sizes then) and is given as zeros. Arguments are checked for ``fn``."""
+) -> tuple[list[int], list[float], torch.Tensor | None, float]:
+    """The LTX RoPE's positions, checked for ``fn``: ``(grid, axis_scale, video_coords, theta)``
+    of LTXVideoRotaryPosEmbed, positions scaled per axis by ``axis_scale`` before ``2 * g - 1``.
+    With ``video_coords`` the grid is unused (the pipelines pass no sizes then) and is given as
+    zeros."""
+    theta = _real(fn, "theta", theta, positive=True)
     base = [_real(fn, name, value, positive=True) for name, value in
             (("base_num_frames", base_num_frames), ("base_height", base_height), ("base_width", base_width))]
     if video_coords is not None:
-        return [0, 0, 0], [1.0 / b for b in base]
+        return [0, 0, 0], [1.0 / b for b in base], video_coords, theta
     grid = [_integer(fn, name, value, minimum=1) for name, value in
             (("num_frames", num_frames), ("height", height), ("width", width))]
     if rope_interpolation_scale is None:
-        return grid, [1.0, 1.0, 1.0]
+        return grid, [1.0, 1.0, 1.0], None, theta
     scale = rope_interpolation_scale
     if not isinstance(scale, (list, tuple)) or len(scale) != 3:
         raise TypeError(f"{fn}: rope_interpolation_scale must be 3 numbers (frames, height, width) in a list or "
@@ -564,7 +553,7 @@ def _ltx_positions(
     scale = [_real(fn, "rope_interpolation_scale", r) for r in scale]
     patches = [_real(fn, name, value, positive=True) for name, value in
                (("patch_size_t", patch_size_t), ("patch_size", patch_size), ("patch_size", patch_size))]
-    return grid, [r * p / b for r, p, b in zip(scale, patches, base)]
+    return grid, [r * p / b for r, p, b in zip(scale, patches, base)], None, theta
 
 
 def ltx_rope_angles(
@@ -591,13 +580,19 @@ def ltx_rope_angles(
     ``video_coords`` (``[B, 3, S]``) divided by the bases. Angles are formed in fp64, so they
     are more accurate than diffusers' fp32 tables (see ``include/ltx_kernels/rope.h``).
     """
-    grid, scale = _ltx_positions(
-        num_frames, height, width, rope_interpolation_scale, video_coords,
-        base_num_frames, base_height, base_width, patch_size, patch_size_t, fn="ltx_rope_angles",
-    )
-    if video_coords is None:
-        _check_tokens("ltx_rope_angles", "x", x, grid, 3)
-    return _ops.ltx_rope_angles(x, grid, scale, video_coords, _real("ltx_rope_angles", "theta", theta, positive=True))
+    fn = "ltx_rope_angles"
+    grid, scale, coords, theta = _ltx_positions(fn, num_frames, height, width, rope_interpolation_scale, video_coords,
+                                                theta, base_num_frames, base_height, base_width, patch_size,
+                                                patch_size_t)
+    if coords is None:
+        _check_tokens(fn, "x", x, grid, 3)
+    return _ops.ltx_rope_angles(x, grid, scale, coords, theta)
+
+
+# The position arguments after (num_frames, height, width) with their defaults, ltx_rope_angles'
+# own: ltx_qk_norm_rope takes them as keywords.
+_LTX_POSITION_DEFAULTS = {name: param.default for name, param in
+                          list(inspect.signature(ltx_rope_angles).parameters.items())[4:]}
 
 
 def ltx_qk_norm_rope(
@@ -610,29 +605,27 @@ def ltx_qk_norm_rope(
     num_frames: int,
     height: int,
     width: int,
-    rope_interpolation_scale=None,
-    video_coords: torch.Tensor | None = None,
-    theta: float = 10000.0,
-    base_num_frames: int = 20,
-    base_height: int = 2048,
-    base_width: int = 2048,
-    patch_size: int = 1,
-    patch_size_t: int = 1,
+    **positions,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LTX-Video attention's query/key path in one launch: ``norm_q`` / ``norm_k`` (RMS norm
     across the whole ``[B, S, D]`` row with weight) followed by the LTX RoPE of
     :func:`ltx_rope_angles`, for q and k together (each angle computed once for both).
     ``q`` and ``k`` may be row-strided views (e.g. of a fused projection). fp32 math from
-    load to store: the normalized values are not rounded before the rotation."""
+    load to store: the normalized values are not rounded before the rotation.
+
+    ``positions``: :func:`ltx_rope_angles`' keywords after the grid, with its defaults
+    (``rope_interpolation_scale``, ``video_coords``, ``theta``, ``base_num_frames``,
+    ``base_height``, ``base_width``, ``patch_size``, ``patch_size_t``)."""
     fn = "ltx_qk_norm_rope"
-    grid, scale = _ltx_positions(
-        num_frames, height, width, rope_interpolation_scale, video_coords,
-        base_num_frames, base_height, base_width, patch_size, patch_size_t, fn=fn,
-    )
-    if video_coords is None:
+    unknown = sorted(set(positions) - set(_LTX_POSITION_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{fn}: unexpected keyword argument(s) {', '.join(unknown)}; the positions take "
+                        f"{', '.join(_LTX_POSITION_DEFAULTS)}")
+    grid, scale, coords, theta = _ltx_positions(fn, num_frames, height, width,
+                                                **{**_LTX_POSITION_DEFAULTS, **positions})
+    if coords is None:
         _check_tokens(fn, "q", q, grid, 3)
-    return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, _eps(fn, eps), grid, scale, video_coords,
-                                 _real(fn, "theta", theta, positive=True))
+    return _ops.ltx_qk_norm_rope(q, k, weight_q, weight_k, _eps(fn, eps), grid, scale, coords, theta)
 
 
 # Names of the original ltx_kernels package, kept so code written against it keeps working.
@@ -656,14 +649,8 @@ def _per_batch(t: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 2 and input.dim() == 3 else t
 
 
-def adaln_rmsnorm(
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    eps: float = 1e-6,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def adaln_rmsnorm(input: torch.Tensor, weight: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
+                  eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Old name: ``rms_norm(input) * weight * (1 + scale) + shift`` (:func:`adaln_rms_norm`);
     ``scale``/``shift`` may also be ``[B, D]`` for a ``[B, S, D]`` input."""
     scale, shift, eps = _per_batch(scale, input), _per_batch(shift, input), _eps("adaln_rmsnorm", eps)
@@ -673,15 +660,8 @@ def adaln_rmsnorm(
     return out
 
 
-def adaln_layernorm(
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def adaln_layernorm(input: torch.Tensor, weight: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
+                    bias: torch.Tensor | None = None, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Old name: ``(layer_norm(input) * weight + bias) * (1 + scale) + shift``
     (:func:`adaln_layer_norm`); ``[B, D]`` modulation accepted as in :func:`adaln_rmsnorm`.
 
@@ -696,15 +676,8 @@ def adaln_layernorm(
     return out
 
 
-def adaln_zero(
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    scale: torch.Tensor,
-    shift: torch.Tensor,
-    gate: torch.Tensor,
-    eps: float = 1e-6,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def adaln_zero(input: torch.Tensor, weight: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor,
+               gate: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
     """Old name: ``(rms_norm(input) * weight * (1 + scale) + shift) * gate``.
 
     Two passes (:func:`adaln_rms_norm`, then the gate multiply; with ``out``, both in it). In a DiT the gate belongs on

@@ -107,7 +107,7 @@ def check_version(version: str | None = None) -> None:
 
 # Forwards installed on module instances. Each reads the module's own attributes, as the stock
 # forward does, so `.to()`, offload hooks and weight updates keep working. The norms run
-# ltx_kernels._forwards' (a weight in another dtype than the input runs stock for that call).
+# ltx_kernels._forwards' (their mixed-precision policy is written there).
 
 
 def _decoder_layer_forward(

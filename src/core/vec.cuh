@@ -49,23 +49,16 @@ __device__ __forceinline__ Vec<T, N> load_stream(const T* ptr) {
   return from_raw<T, N>(__ldcs(reinterpret_cast<const R*>(ptr)));
 }
 
-// Read-only data reused across rows (weights): the read-only cache path, kept cached.
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_cached(const T* ptr) {
-  using R = typename Raw<sizeof(T) * N>::type;
-  return from_raw<T, N>(__ldg(reinterpret_cast<const R*>(ptr)));
-}
 
 // Through the builtin type and a store intrinsic (default write-back policy), like the
 // loads: a plain copy of a Vec of 16-bit elements is split into 2- or 4-byte stores
 // (seen for bf16 in the elementwise kernels, where it halved the bandwidth).
 template <typename T, int N>
-__device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec) {
-  using R = typename Raw<sizeof(T) * N>::type;
-  R raw;
-  memcpy(&raw, &vec, sizeof(raw));
-  __stwb(reinterpret_cast<R*>(ptr), raw);
-}
+__device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec);
+
+// Read-only data reused across rows (weights): the read-only cache path, kept cached.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_cached(const T* ptr);
 
 // W elements as W / A accesses of A elements each: A = W when the data is aligned for it,
 // smaller otherwise (the vector's size and the data's alignment are chosen separately).
@@ -100,6 +93,30 @@ __device__ __forceinline__ void store_parts(T* ptr, const Vec<T, W>& vec) {
     Vec<T, A> part;
     memcpy(part.v, vec.v + i * A, sizeof(part));
     store(ptr + i * A, part);
+  }
+}
+
+// load_cached and store of a vector wider than 16 bytes (fp32 weights beside 16-bit
+// activations) take 16-byte parts.
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_cached(const T* ptr) {
+  if constexpr (sizeof(T) * N > 16) {
+    return load_cached_parts<T, N, 16 / sizeof(T)>(ptr);
+  } else {
+    using R = typename Raw<sizeof(T) * N>::type;
+    return from_raw<T, N>(__ldg(reinterpret_cast<const R*>(ptr)));
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store(T* ptr, const Vec<T, N>& vec) {
+  if constexpr (sizeof(T) * N > 16) {
+    store_parts<T, N, 16 / sizeof(T)>(ptr, vec);
+  } else {
+    using R = typename Raw<sizeof(T) * N>::type;
+    R raw;
+    memcpy(&raw, &vec, sizeof(raw));
+    __stwb(reinterpret_cast<R*>(ptr), raw);
   }
 }
 

@@ -22,6 +22,12 @@ ValidationError validate(const NormParams& p) {
     return "scale and shift must be given together";
   if (p.tokens < 1) return "tokens must be >= 1";
   if (p.rows % p.tokens != 0) return "rows must be a multiple of tokens";
+  for (DType t : {p.weight_dtype, p.out_dtype})
+    if (t != p.dtype && t != DType::kFloat32) return "weight_dtype and out_dtype must be dtype or float32";
+  const bool mixed = p.weight_dtype != p.dtype || p.out_dtype != p.dtype;
+  if (p.out_dtype != p.weight_dtype && p.out_dtype != p.dtype) return "a float32 out_dtype needs a float32 weight_dtype";
+  if (mixed && (p.scale.ptr != nullptr || p.out_fp8 != nullptr))
+    return "weight_dtype and out_dtype must be dtype with scale / shift or an FP8 output";
   for (const RowVectors* v : {&p.gate, &p.scale, &p.shift})
     if (v->batch_stride < 0 || v->token_stride < 0) return "row vector strides must be >= 0";
   if (p.rows == 0) return nullptr;

@@ -45,14 +45,14 @@ void reference(const NormParams& p) {
     const double rstd = 1.0 / std::sqrt(sq / static_cast<double>(p.cols) + p.eps);
     for (int64_t c = 0; c < p.cols; ++c) {
       double y = (h[c] - mean) * rstd;
-      if (p.weight) y *= static_cast<double>(load(p.weight, c, p.dtype)) + p.weight_offset;
-      if (p.bias) y += load(p.bias, c, p.dtype);
+      if (p.weight) y *= static_cast<double>(load(p.weight, c, p.weight_dtype)) + p.weight_offset;
+      if (p.bias) y += load(p.bias, c, p.weight_dtype);
       if (p.scale.ptr) {
         y = y * (1.0 + load(p.scale.ptr, at(p.scale) + c, p.dtype)) +
             load(p.shift.ptr, at(p.shift) + c, p.dtype);
       }
-      out[c] = host::round_to(static_cast<float>(y), p.dtype);
-      if (p.out) store(p.out, row * p.out_row_stride + c, p.dtype, out[c]);
+      out[c] = host::round_to(static_cast<float>(y), p.out_dtype);
+      if (p.out) store(p.out, row * p.out_row_stride + c, p.out_dtype, out[c]);
     }
     if (p.out_fp8) {
       host::quantize_row(out.data(), p.cols, p.out_fp8 + row * p.out_fp8_row_stride, p.out_fp8_scale + row);

@@ -95,10 +95,12 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, cons
 }
 
 std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
-                                         const at::Tensor& x, const char* x_name) {
+                                         const at::Tensor& x, const char* x_name, bool or_float32) {
   if (!t) return std::nullopt;
-  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type(), name, " must have the dtype of ", x_name,
-              " (", x.scalar_type(), "), got ", t->scalar_type());
+  const char* alternative = or_float32 ? " or float32" : "";
+  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || (or_float32 && t->scalar_type() == at::kFloat), name,
+                   " must have the dtype of ", x_name, " (", x.scalar_type(), ")", alternative, ", got ",
+                   t->scalar_type());
   TORCH_CHECK_VALUE(t->device() == x.device(), name, " must be on the device of ", x_name, " (",
                     device_str(x.device()), "), got ", device_str(t->device()));
   TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), name, " must have shape ",

@@ -11,15 +11,38 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Checks shared by the real and the Meta implementations; returns weight and bias contiguous.
+// Which weight / bias dtypes an op takes: x's (the AdaLN and FP8 forms), or also float32 (the
+// forms torch modules compute, whose parameters a model may keep in float32).
+enum class Params { kLikeX, kLikeXOrFloat32 };
+
+// Checks shared by the real and the Meta implementations; returns weight and bias contiguous,
+// both in x's dtype or both in float32 (the kernels read them in one dtype): float32, widened
+// exactly, when either is or the output's dtype `out_dtype` is.
 std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor& x,
                                                 const at::Tensor* residual, const OptTensor& weight,
-                                                const OptTensor& bias, double eps) {
+                                                const OptTensor& bias, double eps, Params params = Params::kLikeX,
+                                                at::ScalarType out_dtype = at::ScalarType::Undefined) {
   check_activation(x, "x");
   if (residual) check_like(*residual, "residual", x, "x");
   // std::to_string, not the stream operator: see the note on formatting in common.cpp.
   TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
-  return {channel_vector(weight, "weight", x, "x"), channel_vector(bias, "bias", x, "x")};
+  const bool or_float32 = params == Params::kLikeXOrFloat32;
+  OptTensor w = channel_vector(weight, "weight", x, "x", or_float32);
+  OptTensor b = channel_vector(bias, "bias", x, "x", or_float32);
+  const auto is_float32 = [](const OptTensor& t) { return t && t->scalar_type() == at::kFloat; };
+  if (is_float32(w) || is_float32(b) || out_dtype == at::kFloat) {
+    if (w) w = w->to(at::kFloat);
+    if (b) b = b->to(at::kFloat);
+  }
+  return {w, b};
+}
+
+// rms_norm's out_dtype: x's dtype (None) or float32.
+at::ScalarType norm_out_dtype(const char* op, const at::Tensor& x, std::optional<at::ScalarType> requested) {
+  const at::ScalarType out_dtype = requested.value_or(x.scalar_type());
+  TORCH_CHECK_TYPE(out_dtype == x.scalar_type() || out_dtype == at::kFloat, op,
+                   ": out_dtype must be the dtype of x (", x.scalar_type(), ") or float32, got ", out_dtype);
+  return out_dtype;
 }
 
 // `out` may be null when the params get an FP8 output instead (set_fp8_out).
@@ -28,6 +51,10 @@ NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
   NormParams p;
   p.type = type;
   p.dtype = to_dtype(x.tensor.scalar_type());
+  // Weight and bias come in one dtype (check_norm_args), float32 with a float32 out.
+  const auto is_float32 = [](const OptTensor& t) { return t && t->scalar_type() == at::kFloat; };
+  p.out_dtype = out ? to_dtype(out->scalar_type()) : p.dtype;
+  p.weight_dtype = is_float32(weight) || is_float32(bias) ? DType::kFloat32 : p.out_dtype;
   p.rows = x.rows;
   p.cols = x.cols;
   p.eps = static_cast<float>(eps);
@@ -79,8 +106,9 @@ void set_modulation(NormParams& p, const at::Tensor& x, const at::Tensor& scale,
 // forms.
 void normalize_into(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
                     const OptTensor& bias, double eps, double weight_offset, const at::Tensor* scale,
-                    const at::Tensor* shift, at::Tensor* out, Fp8Out* fp8) {
-  const auto [w, b] = check_norm_args(op, x, nullptr, weight, bias, eps);
+                    const at::Tensor* shift, at::Tensor* out, Fp8Out* fp8, Params params = Params::kLikeX) {
+  const auto [w, b] = check_norm_args(op, x, nullptr, weight, bias, eps, params,
+                                      out ? out->scalar_type() : at::ScalarType::Undefined);
   check_modulation(x, scale, shift);
   const Rows rows = as_rows(x);
   if (rows.rows == 0) return;
@@ -91,12 +119,14 @@ void normalize_into(const char* op, NormType type, const at::Tensor& x, const Op
   run(p, x, op);
 }
 
-// A fresh tensor holding x normalized (normalize_into with a new out).
+// A fresh tensor holding x normalized (normalize_into with a new out of x's dtype, or of
+// out_dtype where the op has one).
 at::Tensor normalized(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
                       const OptTensor& bias, double eps, double weight_offset,
-                      const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, &out, nullptr);
+                      const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr,
+                      Params params = Params::kLikeX, std::optional<at::ScalarType> out_dtype = std::nullopt) {
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(norm_out_dtype(op, x, out_dtype)));
+  normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, &out, nullptr, params);
   return out;
 }
 
@@ -108,14 +138,16 @@ std::tuple<at::Tensor, at::Tensor> normalize_fp8(const char* op, const at::Tenso
   return {o.q, o.scale};
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps,
-                    double weight_offset) {
-  return normalized("rms_norm", NormType::kRms, x, weight, std::nullopt, eps, weight_offset);
+at::Tensor rms_norm(const at::Tensor& x, const OptTensor& weight, double eps, double weight_offset,
+                    std::optional<at::ScalarType> out_dtype) {
+  return normalized("rms_norm", NormType::kRms, x, weight, std::nullopt, eps, weight_offset, nullptr, nullptr,
+                    Params::kLikeXOrFloat32, out_dtype);
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                       double eps) {
-  return normalized("layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0);
+  return normalized("layer_norm", NormType::kLayer, x, weight, bias, eps, 0.0, nullptr, nullptr,
+                    Params::kLikeXOrFloat32);
 }
 
 at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
@@ -176,7 +208,9 @@ void adaln_layer_norm_out(const at::Tensor& x, const at::Tensor& scale, const at
 // to new_residual.
 void add_rms_norm_into(const char* op, const at::Tensor& x, const at::Tensor& residual, at::Tensor& new_residual,
                        const OptTensor& weight, double eps, double weight_offset, at::Tensor* out, Fp8Out* fp8) {
-  const auto [w, b] = check_norm_args(op, x, &residual, weight, std::nullopt, eps);
+  // (an FP8 output comes with weights in x's dtype only: validate)
+  const auto [w, b] = check_norm_args(op, x, &residual, weight, std::nullopt, eps,
+                                      fp8 ? Params::kLikeX : Params::kLikeXOrFloat32);
   const Rows rows = as_rows(x);
   const Rows res = as_rows(residual);
   if (rows.rows == 0) return;
@@ -279,13 +313,17 @@ at::Tensor normalize_meta(const char* op, const at::Tensor& x, const OptTensor& 
   return empty_like_x(x);
 }
 
-at::Tensor rms_norm_meta(const at::Tensor& x, const OptTensor& weight, double eps, double) {
-  return normalize_meta("rms_norm", x, weight, std::nullopt, eps);
+at::Tensor rms_norm_meta(const at::Tensor& x, const OptTensor& weight, double eps, double,
+                         std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType dtype = norm_out_dtype("rms_norm", x, out_dtype);
+  check_norm_args("rms_norm", x, nullptr, weight, std::nullopt, eps, Params::kLikeXOrFloat32, dtype);
+  return at::empty_symint(x.sym_sizes(), x.options().dtype(dtype));
 }
 
 at::Tensor layer_norm_meta(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                            double eps) {
-  return normalize_meta("layer_norm", x, weight, bias, eps);
+  check_norm_args("layer_norm", x, nullptr, weight, bias, eps, Params::kLikeXOrFloat32);
+  return empty_like_x(x);
 }
 
 at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,
@@ -339,13 +377,13 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_meta(const at::Tensor& x,
                                                            const at::Tensor& residual,
                                                            const OptTensor& weight, double eps,
                                                            double) {
-  check_norm_args("fused_add_rms_norm", x, &residual, weight, std::nullopt, eps);
+  check_norm_args("fused_add_rms_norm", x, &residual, weight, std::nullopt, eps, Params::kLikeXOrFloat32);
   return {empty_like_x(x), empty_like_x(x)};
 }
 
 at::Tensor fused_add_rms_norm__meta(const at::Tensor& x, at::Tensor& residual,
                                     const OptTensor& weight, double eps, double) {
-  check_norm_args("fused_add_rms_norm_", x, &residual, weight, std::nullopt, eps);
+  check_norm_args("fused_add_rms_norm_", x, &residual, weight, std::nullopt, eps, Params::kLikeXOrFloat32);
   return empty_like_x(x);
 }
 

@@ -58,7 +58,7 @@ at::Tensor norm_output(const at::Tensor& x, const OptTensor& weight, const OptTe
 }
 
 Grads2 rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
-                         double weight_offset) {
+                         double weight_offset, std::optional<at::ScalarType> /*out_dtype: grad_out's*/) {
   const auto [dx, dw, db] = affine_norm_backward(f32(grad_out), x, weight, std::nullopt, false, eps, weight_offset);
   return {dx.to(x.scalar_type()), dw};
 }

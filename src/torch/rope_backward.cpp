@@ -160,8 +160,9 @@ Grads2 ltx_rope_angles_backward(const at::Tensor& grad_out, const at::Tensor& x,
 Grads2 call_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow(LTX_KERNELS_OPS_NAMESPACE_STR "::rms_norm_backward", "")
-                             .typed<Grads2(const at::Tensor&, const at::Tensor&, const OptTensor&, double, double)>();
-  return op.call(grad_out, x, weight, eps, 0.0);
+                             .typed<Grads2(const at::Tensor&, const at::Tensor&, const OptTensor&, double, double,
+                                           std::optional<at::ScalarType>)>();
+  return op.call(grad_out, x, weight, eps, 0.0, std::nullopt);
 }
 
 // out = rope(rms_norm(x) * weight) for q and k: the rotation's adjoint, then the norm's

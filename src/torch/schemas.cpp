@@ -23,10 +23,12 @@ LTX_KERNELS_LIBRARY(m) {
     def(backward_schema);
   };
   // Norm family (norm.cpp). weight_offset = 1 gives Gemma's (1 + weight).
-  def_with_backward("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
-                    " -> Tensor",
+  // Weight and bias of rms_norm, fused_add_rms_norm(_) and layer_norm in x's dtype or float32;
+  // rms_norm's out_dtype: x's (None) or float32.
+  def_with_backward("rms_norm(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0,"
+                    " ScalarType? out_dtype=None) -> Tensor",
                     "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight=None, float eps=1e-6,"
-                    " float weight_offset=0.0) -> (Tensor grad_x, Tensor grad_weight)");
+                    " float weight_offset=0.0, ScalarType? out_dtype=None) -> (Tensor grad_x, Tensor grad_weight)");
   def_with_backward("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-6,"
                     " float weight_offset=0.0) -> (Tensor out, Tensor new_residual)",
                     "fused_add_rms_norm_backward(Tensor grad_out, Tensor grad_new_residual, Tensor x,"

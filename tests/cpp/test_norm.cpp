@@ -79,7 +79,7 @@ TEST(NormReference, FusedAddRoundsResidualToDtypeInPlace) {
   std::vector<uint16_t> residual = {float_to_bf16(0.001953125f), float_to_bf16(0.0f)};
   std::vector<uint16_t> out(2);
   NormParams p;
-  p.dtype = DType::kBFloat16;
+  p.dtype = p.weight_dtype = p.out_dtype = DType::kBFloat16;
   p.rows = 1;
   p.cols = 2;
   p.eps = 0.0f;
@@ -94,6 +94,37 @@ TEST(NormReference, FusedAddRoundsResidualToDtypeInPlace) {
   const double r = 1.0 / std::sqrt(2.5);
   EXPECT_NEAR(host::bf16_to_float(out[0]), r, 4e-3);
   EXPECT_NEAR(host::bf16_to_float(out[1]), 2 * r, 8e-3);
+}
+
+TEST(NormReference, MixedPrecisionReadsFloatWeightsAndWritesFloatOut) {
+  using host::float_to_bf16;
+  // x in bf16, weight and bias in fp32 with more bits than bf16 holds, out in fp32: the
+  // weight is read whole and the output is not rounded to bf16.
+  const std::vector<uint16_t> x = {float_to_bf16(1.0f), float_to_bf16(-1.0f)};
+  const std::vector<float> weight = {1.0f + 1e-4f, 3.0f}, bias = {1e-4f, 0.0f};
+  std::vector<float> out(2);
+  NormParams p;
+  p.type = NormType::kLayer;
+  p.dtype = DType::kBFloat16;
+  p.weight_dtype = p.out_dtype = DType::kFloat32;
+  p.rows = 1;
+  p.cols = 2;
+  p.eps = 0.0f;
+  p.x = x.data();
+  p.weight = weight.data();
+  p.bias = bias.data();
+  p.out = out.data();
+  p.x_row_stride = p.out_row_stride = 2;
+  reference(p);
+  EXPECT_FLOAT_EQ(out[0], (1.0f + 1e-4f) + 1e-4f);  // xhat = +-1
+  EXPECT_EQ(out[1], -3.0f);
+  // The same with out in bf16: rounded once.
+  std::vector<uint16_t> out16(2);
+  p.out = out16.data();
+  p.out_dtype = DType::kBFloat16;
+  reference(p);
+  EXPECT_EQ(out16[0], float_to_bf16(1.0f + 2e-4f));
+  EXPECT_EQ(out16[1], float_to_bf16(-3.0f));
 }
 
 TEST(NormReference, GatedResidualAndModulationPerBatch) {
@@ -220,12 +251,28 @@ TEST(NormValidate, RejectsBadParams) {
   EXPECT_NE(validate(bad), nullptr);
   bad.rows = 0;  // nothing to read: null pointers are fine
   EXPECT_EQ(validate(bad), nullptr);
+  // Mixed precision: weight / out in dtype or float32, a float32 out with a float32 weight,
+  // neither with modulation or an FP8 output.
+  bad = p;
+  bad.dtype = bad.weight_dtype = bad.out_dtype = DType::kBFloat16;
+  EXPECT_EQ(validate(bad), nullptr);
+  bad.weight_dtype = DType::kFloat16;
+  EXPECT_NE(validate(bad), nullptr);
+  bad.weight_dtype = DType::kFloat32;
+  EXPECT_EQ(validate(bad), nullptr);
+  bad.out_dtype = DType::kFloat32;
+  EXPECT_EQ(validate(bad), nullptr);
+  bad.weight_dtype = DType::kBFloat16;
+  EXPECT_NE(validate(bad), nullptr);
+  bad.weight_dtype = DType::kFloat32;
+  bad.scale.ptr = bad.shift.ptr = x.data();
+  EXPECT_NE(validate(bad), nullptr);
 }
 
 NormParams plan_params(DType dtype, int64_t cols, uintptr_t x_addr = 0x1000,
                        int64_t stride = -1) {
   NormParams p;
-  p.dtype = dtype;
+  p.dtype = p.weight_dtype = p.out_dtype = dtype;
   p.rows = 1000;
   p.cols = cols;
   p.x = reinterpret_cast<const void*>(x_addr);

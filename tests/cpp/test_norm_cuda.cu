@@ -25,6 +25,8 @@ struct Case {
   int64_t rows, cols, stride;
   bool residual, weight, bias;
   bool modulated = false;  // per-token scale/shift and, with a residual, a per-token gate
+  // Mixed precision (16-bit dtype): weight and bias in fp32, and out too with fp32_out.
+  bool fp32_weight = false, fp32_out = false;
 };
 
 // Runs one case on both sides and compares ||gpu - cpu|| / ||cpu|| per output.
@@ -34,16 +36,21 @@ void check_case(const Case& c) {
   const int64_t out_count = c.rows * c.cols;
   const auto x = random_buffer(in_count, c.dtype, rng);
   const auto res = random_buffer(in_count, c.dtype, rng);
-  const auto w = random_buffer(c.cols, c.dtype, rng);
-  const auto b = random_buffer(c.cols, c.dtype, rng);
-  const auto mod = random_buffer(3 * out_count, c.dtype, rng);  // gate, scale, shift rows
+  const DType weight_dtype = c.fp32_weight ? DType::kFloat32 : c.dtype;
+  const DType out_dtype = c.fp32_out ? DType::kFloat32 : c.dtype;
+  const auto w = random_buffer(c.cols, weight_dtype, rng);
+  const auto b = random_buffer(c.cols, weight_dtype, rng);
+  // gate, scale, shift rows (drawn only when used: the largest buffer, and the slowest to fill)
+  const auto mod = random_buffer(c.modulated ? 3 * out_count : 1, c.dtype, rng);
   // Poison outputs (NaN bytes) so unwritten elements fail.
-  std::vector<uint8_t> out(out_count * dtype_size(c.dtype), 0xff);
-  std::vector<uint8_t> res_out(out.size(), 0xff);
+  std::vector<uint8_t> out(out_count * dtype_size(out_dtype), 0xff);
+  std::vector<uint8_t> res_out(out_count * dtype_size(c.dtype), 0xff);
 
   NormParams p;
   p.type = c.type;
   p.dtype = c.dtype;
+  p.weight_dtype = weight_dtype;
+  p.out_dtype = out_dtype;
   p.rows = c.rows;
   p.cols = c.cols;
   p.x_row_stride = p.residual_row_stride = c.stride;
@@ -79,17 +86,18 @@ void check_case(const Case& c) {
   set_mod(mod.data());
   reference(p);
 
-  const double tol = c.dtype == DType::kFloat32 ? 1e-5 : c.dtype == DType::kFloat16 ? 2e-3 : 1e-2;
+  const double tol = out_dtype == DType::kFloat32 ? 1e-5 : out_dtype == DType::kFloat16 ? 2e-3 : 1e-2;
   double diff = 0, norm = 0;
   for (int64_t i = 0; i < out_count; ++i) {
-    const double g = host::load(gpu_out.data(), i, c.dtype);
-    const double r = host::load(out.data(), i, c.dtype);
+    const double g = host::load(gpu_out.data(), i, out_dtype);
+    const double r = host::load(out.data(), i, out_dtype);
     ASSERT_TRUE(std::isfinite(g)) << "element " << i << " not written or not finite";
     diff += (g - r) * (g - r);
     norm += r * r;
   }
   EXPECT_LE(std::sqrt(diff / norm), tol) << "rows " << c.rows << " cols " << c.cols;
   if (c.residual) EXPECT_EQ(gpu_res, res_out) << "new residual differs from x + residual";
+  if (c.fp32_weight) return;  // the FP8 output comes in one dtype only (validate)
 
   // The FP8 output: exactly quantize_fp8 of the GPU's own dtype output (the same launch,
   // once with both outputs, once with the FP8 one alone), bytes and scales.
@@ -138,6 +146,12 @@ TEST(NormCuda, MatchesReference) {
         check_case({NormType::kLayer, dtype, rows, cols, stride, false, true, true});
         check_case({NormType::kRms, dtype, rows, cols, stride, true, true, false, true});
         check_case({NormType::kLayer, dtype, rows, cols, stride, false, false, true, true});
+        if (dtype == DType::kFloat32) continue;
+        for (const bool fp32_out : {false, true}) {
+          check_case({NormType::kRms, dtype, rows, cols, stride, false, true, false, false, true, fp32_out});
+          check_case({NormType::kRms, dtype, rows, cols, stride, true, true, false, false, true, fp32_out});
+          check_case({NormType::kLayer, dtype, rows, cols, stride, false, true, true, false, true, fp32_out});
+        }
       }
     }
   }

@@ -15,7 +15,7 @@ SOURCES = sorted((pathlib.Path(__file__).parents[2] / "src" / "torch").glob("*.[
 STRING_ARGUMENT = re.compile(
     r"""(std::to_string|std::string|dims?_str|device_str|cudaGetErrorString)\(.*\)
     | [\w>.-]+(\.|->)scalar_type\(\)
-    | (kOp|op|name|x_name|q_name|read_name|prop->name|error|lacks|type|out_dtype|reduction
+    | (kOp|op|name|x_name|q_name|read_name|prop->name|error|lacks|alternative|type|out_dtype|reduction
        |expected\(\)|schema\.operator_name\(\))""",
     re.VERBOSE,
 )

@@ -30,6 +30,7 @@ def arguments(op: torch._ops.OpOverload, device: str, grad_index: int) -> tuple[
     check comes first); the `grad_index`-th tensor requires grad."""
     placeholders = {
         "float": 1e-6, "Optional[float]": None, "int": 1, "bool": False, "str": "tanh", "Optional[List[int]]": None,
+        "Optional[int]": None,  # ScalarType?
         "List[int]": [1, 1, 1], "List[float]": [1.0, 1.0, 1.0],
     }
     args, kwargs, tensor_index = [], {}, 0

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from conftest import DEVICES, DTYPES, assert_close
+import ltx_kernels
 from ltx_kernels import layers
 from test_rms_norm import rms_norm_formula
 
@@ -90,16 +91,58 @@ def test_diffusers_rms_norm_with_bias(device):
     assert_close(swapped(module, layers.DiffusersRMSNorm)(x), expected, torch.float32)
 
 
+# The RMS norm kinds: the stock module for hidden size D, the layer whose forward replaces it,
+# and its weight offset (Gemma's 1 + weight).
+RMS_NORM_KINDS = {
+    "llama": (lambda: LlamaRMSNorm(D, eps=1e-5), layers.RMSNorm, 0.0),
+    "gemma": (lambda: GemmaRMSNorm(D, eps=1e-6), layers.GemmaRMSNorm, 1.0),
+    "diffusers": (lambda: DiffusersRMSNorm(D, eps=1e-6), layers.DiffusersRMSNorm, 0.0),
+    "torch": (lambda: nn.RMSNorm(D, eps=1e-6), layers.RMSNorm, 0.0),  # as inject patches it
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layer", [layers.RMSNorm, layers.GemmaRMSNorm, layers.DiffusersRMSNorm], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("weight_dtype, x_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
-def test_norm_mixed_dtypes_compute_like_stock(layer, weight_dtype, x_dtype, device):
-    stock = random_stock(layer, device, weight_dtype)
+@pytest.mark.parametrize("kind", RMS_NORM_KINDS)
+@pytest.mark.parametrize("weight_dtype, x_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                                   (torch.bfloat16, torch.float32), (torch.bfloat16, torch.float16)])
+def test_norm_mixed_dtypes_run_our_kernel_in_the_stock_dtype(kind, weight_dtype, x_dtype, device, monkeypatch):
+    """A weight in another dtype than the input (kept in fp32 under a 16-bit model, ...): our
+    kernel runs, never the stock forward, and returns the stock forward's dtype with values
+    as close to the fp64 formula as that dtype allows."""
+    build, layer, offset = RMS_NORM_KINDS[kind]
+    stock = build().to(device=device, dtype=weight_dtype).requires_grad_(False)
+    stock.weight.normal_()
     x = torch.randn(6, D, device=device, dtype=x_dtype)
-    expected = stock(x)
-    out = swapped(stock, layer)(x)
-    assert out.dtype == expected.dtype
-    assert_close(out, expected, out.dtype)
+    expected_dtype = stock(x).dtype
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("the stock forward ran")
+
+    calls = []
+    kernel = ltx_kernels.ops.rms_norm
+    monkeypatch.setattr(type(stock), "forward", no_fallback)
+    monkeypatch.setattr(ltx_kernels.ops, "rms_norm", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    out = types.MethodType(layer.forward, stock)(x)
+    assert calls == [1]
+    assert out.dtype == expected_dtype
+    assert_close(out, rms_norm_formula(x, stock.weight, stock.eps if kind != "llama" else 1e-5, offset), out.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weight_dtype, x_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)])
+def test_layer_norm_mixed_dtypes_run_our_kernel(weight_dtype, x_dtype, device, monkeypatch):
+    """torch.nn.LayerNorm as transformers.apply patches it (Falcon): x's dtype out, as stock."""
+    from ltx_kernels._forwards import layer_norm_forward
+    from test_layer_norm import layer_norm_formula
+
+    stock = nn.LayerNorm(D).to(device=device, dtype=weight_dtype).requires_grad_(False)
+    stock.weight.normal_()
+    stock.bias.normal_()
+    x = torch.randn(6, D, device=device, dtype=x_dtype)
+    monkeypatch.setattr(nn.LayerNorm, "forward", lambda *a: pytest.fail("the stock forward ran"))
+    out = layer_norm_forward(stock, x)
+    assert out.dtype == x_dtype
+    assert_close(out, layer_norm_formula(x, stock.weight, stock.bias, stock.eps), x_dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -388,6 +388,12 @@ def test_bad_input_names_the_argument(device):
         ("k must have the shape of q", lambda: ltx_kernels.ltx_qk_norm_rope(x, x[:1], None, None, num_frames=1, height=2, width=3)),
         ("weight_q must have shape", lambda: ltx_kernels.ltx_qk_norm_rope(x, x, torch.randn(35, device=device), None, num_frames=1, height=2, width=3)),
         ("cos and sin must cover every channel", lambda: ltx_kernels.ltx_rope(x, cos, sin)),
+        ("ltx_qk_norm_rope: unexpected keyword argument\\(s\\) base_depth, tehta; the positions take "
+         "rope_interpolation_scale, video_coords, theta",
+         lambda: ltx_kernels.ltx_qk_norm_rope(x, x, None, None, num_frames=1, height=2, width=3, tehta=1.0,
+                                              base_depth=2)),
+        ("ltx_qk_norm_rope: theta must be", lambda: ltx_kernels.ltx_qk_norm_rope(x, x, None, None, num_frames=1,
+                                                                              height=2, width=3, theta=-1.0)),
     ]
     for message, call in cases:
         with pytest.raises((ValueError, TypeError), match=message):

@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from ltx_kernels.bench import harness
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes, measure_step, set_mode
+from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes, each_mode, measure_step
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
          "torchao-fp8+compile"]
@@ -69,19 +69,14 @@ def run(stock, fresh, inputs, modes, reps: int) -> list[dict]:
     ``fresh()`` a new model for each quantized one, ``inputs(model)`` the step's kwargs. Shared
     by the image-model benchmarks."""
     reference, rows = None, []
-    for mode in modes:
-        model = fresh() if mode in QUANTIZED else stock
+    for mode, model in each_mode(stock, fresh, modes):
         kw = inputs(model)
-        set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"mode": mode, "tokens": kw["hidden_states"].shape[1]}
         with torch.no_grad():
             reference = measure_step(lambda: model(**kw)[0], mode, reps, reference, row)
         rows.append(row)
         print(_row_line(row), flush=True)
         del model
-        harness.release_memory()
-    if stock is not None:
-        set_mode(stock, "eager")
     return rows
 
 

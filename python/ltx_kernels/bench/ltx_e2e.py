@@ -134,19 +134,31 @@ def measure_step(forward, mode: str, reps: int, reference, row: dict):
     return reference
 
 
-def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
-    """One row per mode; ``fresh()`` builds another copy of the weights for the quantized modes
-    (``stock`` is None when only those run, so that their peak memory is their own)."""
-    reference = None
-    rows = []
+def each_mode(stock, fresh, modes):
+    """Yields ``(mode, model)`` for each mode, the model set to it: ``fresh()``, another copy of
+    the weights, for the quantized modes, else ``stock`` (None when only quantized modes run, so
+    that their peak memory is their own). The caller drops its reference to the model before
+    asking for the next: memory is then freed between modes; ``stock`` ends in eager mode."""
     for mode in modes:
         model = fresh() if mode in QUANTIZED else stock
+        set_mode(model, mode.removesuffix("+cudagraph"))
+        yield mode, model
+        del model
+        harness.release_memory()
+    if stock is not None:
+        set_mode(stock, "eager")
+
+
+def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: int, loop_steps: int) -> list[dict]:
+    """One row per mode (models as :func:`each_mode` gives them)."""
+    reference = None
+    rows = []
+    for mode, model in each_mode(stock, fresh, modes):
         # Seeded: every mode gets the same inputs.
         kw = ltx_models.step_inputs(model, batch=2, num_frames=frames, height=height, width=width)
         embeds = ltx_models.prompt_embeds(model, batch=1)
         pipe = ltx_models.random_pipeline(model)
         pipe.set_progress_bar_config(disable=True)
-        set_mode(model, mode.removesuffix("+cudagraph"))
         row = {"frames": frames, "tokens": kw["hidden_states"].shape[1], "mode": mode}
         with torch.no_grad():
             reference = measure_step(lambda: model(**kw)[0], mode, reps, reference, row)
@@ -162,9 +174,6 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
         rows.append(row)
         print(_row_line(row), flush=True)
         del model, pipe
-        harness.release_memory()
-    if stock is not None:
-        set_mode(stock, "eager")
     return rows
 
 

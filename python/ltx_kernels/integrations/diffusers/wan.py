@@ -8,8 +8,8 @@ dtype; so do the ops, in one pass each):
   ``adaln_layer_norm``; likewise ``norm3`` + its modulation before the feed-forward;
 - ``x + attn1 * gate`` and ``x + ffn * gate``: one ``gated_residual`` each;
 - ``norm2`` before the cross-attention (``cross_attn_norm``: an affine ``FP32LayerNorm``):
-  ``layer_norm`` when its weights have the activations' dtype (a 16-bit model loaded with
-  diffusers' ``_keep_in_fp32_modules`` keeps them fp32: that norm then computes as stock);
+  ``layer_norm``, its weights read in fp32 where diffusers' ``_keep_in_fp32_modules`` keeps
+  them so in a 16-bit model (:func:`~ltx_kernels._forwards.layer_norm_forward`);
 - attn1's processor (the stock ``WanAttnProcessor`` only): ours, the same steps with the RoPE
   of q and k as one ``apply_rotary_pos_emb`` (interleaved pairs, the model's ``[S, head_dim]``
   tables read as they are: ``WanRotaryPosEmbed``'s, whose pairs share one angle) instead of
@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import ops
+from ltx_kernels._forwards import layer_norm_forward
 from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched
 from ltx_kernels.integrations.family import Family
 
@@ -82,17 +83,10 @@ def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torc
 
 
 def _cross_attn_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Stock ``norm(x.float()).type_as(x)``: one ``layer_norm`` pass when the weights have x's dtype."""
+    """Stock ``norm(x.float()).type_as(x)`` as one ``layer_norm`` pass (fp32 math, x's dtype out)."""
     if type(norm) is nn.Identity:
         return norm(x)
-
-    def fused():
-        params = [p for p in (norm.weight, norm.bias) if p is not None]
-        if any(p.dtype != x.dtype for p in params):  # fp32-kept weights of a 16-bit model
-            return type(norm).forward(norm, x.float()).type_as(x)
-        return ops.layer_norm(x, norm.weight, norm.bias, norm.eps)
-
-    return call_fused((norm,), fused, lambda: norm(x.float()).type_as(x))
+    return call_fused((norm,), lambda: layer_norm_forward(norm, x), lambda: norm(x.float()).type_as(x))
 
 
 def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
