@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                  + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes))
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
+    if args.held_out and args.shapes:
+        cases = [c for c in cases if any(c.shape.startswith(p) for p in args.shapes)]
     results = harness.run_cases(cases, copy_gbs)
     table = harness.markdown_table(results, IMPLS) + "\n\n" + harness.worst_speedups(results)
     dtypes = "bf16 and fp16 as labelled" if args.held_out else "bf16"
