@@ -42,11 +42,17 @@ fi
 fi
 
 if want sanitize; then
-echo "== compute-sanitizer (memcheck, racecheck, synccheck) on the attention and FP8 GEMM kernels' GoogleTests"
-for tool in memcheck racecheck synccheck; do
+echo "== compute-sanitizer on the CUDA GoogleTests (norm, attention, FP8 GEMM) and the Python CUDA tests"
+for tool in memcheck racecheck synccheck initcheck; do
   compute-sanitizer --tool $tool --error-exitcode 1 build/cpp/tests/cpp/ltx_kernels_tests \
-    --gtest_filter='AttentionCuda*:Fp8LinearCuda*' > "$out/sanitize-$tool.log" 2>&1 || status=1
+    --gtest_filter='NormCuda*:AttentionCuda*:Fp8LinearCuda*' > "$out/sanitize-$tool.log" 2>&1 || status=1
   echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$out/sanitize-$tool.log" | tr '\n' ' ')"
+done
+# The kernels tested from Python only (elementwise, RoPE, quantize / FP8 linear): memcheck.
+for f in test_elementwise.py test_rope.py test_fp8.py; do
+  compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest "tests/python/$f" -k cuda -q \
+    -p no:cacheprovider -p no:benchmark > "$out/memcheck-${f%.py}.log" 2>&1 || status=1
+  echo "memcheck $f: $(grep -E 'ERROR SUMMARY|passed|failed' "$out/memcheck-${f%.py}.log" | tr '\n' ' ')"
 done
 fi
 
