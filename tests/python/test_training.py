@@ -1,0 +1,85 @@
+"""Patched models in train mode as trainers run them (issue 22): every parameter's gradient as
+the stock model's, with gradient checkpointing (re-entrant and not) and with peft LoRA on the
+attention projections. CPU, fp32 (the ops' own gradients are held to the fp64 formula in
+test_backward.py)."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+transformers = pytest.importorskip("transformers")
+diffusers = pytest.importorskip("diffusers")
+peft = pytest.importorskip("peft")
+
+import ltx_kernels.diffusers  # noqa: E402
+import ltx_kernels.transformers  # noqa: E402
+from test_diffusers_ltx import step_kwargs  # noqa: E402
+from test_diffusers_ltx import tiny_model as tiny_ltx  # noqa: E402
+from test_transformers_integration import prompt  # noqa: E402
+from test_transformers_integration import tiny_model as tiny_llm  # noqa: E402
+
+CHECKPOINTING = [None, "reentrant", "non_reentrant"]
+
+
+def with_lora(model, targets):
+    """peft LoRA on ``targets``, its matrices drawn from one seed (the same in the stock and the
+    patched model; B nonzero: peft starts it at zero, which would leave A without gradient)."""
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model
+
+
+def assert_same_grads(stock, patched, bound):
+    """Every trainable parameter has a gradient, within ``bound`` (relative L2) of stock's."""
+    trainable = [(n, p, q) for (n, p), q in zip(stock.named_parameters(), patched.parameters()) if p.requires_grad]
+    assert trainable
+    for name, p, q in trainable:
+        assert p.grad is not None, f"stock {name}"
+        assert q.grad is not None, name
+        assert rel_err(q.grad, p.grad) < bound, (name, rel_err(q.grad, p.grad))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma"])
+@pytest.mark.parametrize("checkpointing", CHECKPOINTING)
+@pytest.mark.parametrize("lora", [False, True])
+def test_llm_trains_like_stock(family, checkpointing, lora):
+    stock = tiny_llm(family).train()
+    patched = copy.deepcopy(stock)
+    ltx_kernels.transformers.apply(patched)
+    pair = []
+    for model in (stock, patched):
+        if checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": checkpointing == "reentrant"})
+        pair.append(with_lora(model, ["q_proj", "v_proj"]) if lora else model)
+    ids, mask = prompt()
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in pair:
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert_same_grads(*pair, 1e-4)
+
+
+@pytest.mark.parametrize("checkpointing", [None, "checkpointed"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_ltx_video_trains_like_stock(checkpointing, lora):
+    stock = tiny_ltx("cpu", head_dim=12, affine=True).train().requires_grad_(True)
+    patched = copy.deepcopy(stock)
+    ltx_kernels.diffusers.inject(patched)
+    pair = []
+    for model in (stock, patched):
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        pair.append(with_lora(model, ["to_q", "to_k", "to_v", "to_out.0"]) if lora else model)
+    kw = step_kwargs(stock, "video_coords", per_token=False)
+    for model in pair:
+        model(**kw)[0].square().mean().backward()
+    # Relative L2 per parameter: stock's fp32 RoPE tables are ~1e-4 off ours (fp64 angles),
+    # as in test_backward.test_patched_ltx_video_trains_like_stock.
+    assert_same_grads(*pair, 1e-3)
