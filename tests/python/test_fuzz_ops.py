@@ -61,6 +61,7 @@ class Call:
     # or 128): on the GPU the call must raise a clear error naming the op, not run.
     cuda_refuses: bool = False
     cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
+    out_dtype: torch.dtype | None = None  # the output's dtype where it is not the inputs' (rms_norm's out_dtype)
 
     def run(self, device=None):
         def move(a):
@@ -119,23 +120,31 @@ def optional(draw, make):
     return make() if draw(st.booleans()) else None
 
 
+def params_dtype(draw, dtype):
+    """The dtype of a norm's weight and bias: x's, or float32 beside a 16-bit x (mixed
+    precision, where the op takes it)."""
+    return dtype if dtype == torch.float32 else draw(st.sampled_from([dtype, torch.float32]))
+
+
 # Each builder draws a valid call and returns it with its fp64 formula.
 
 
 def build_rms_norm(draw, dtype):
     shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
     x = Arg("x", laid_out(draw, randn(shape, dtype)))
-    w = optional(draw, lambda: randn((shape[-1],), dtype))
+    w = optional(draw, lambda: randn((shape[-1],), params_dtype(draw, dtype)))
     offset = draw(st.sampled_from([0.0, 1.0]))
-    call = Call("rms_norm", [x, Arg("weight", w, copied=True), 1e-6, offset])
+    out_dtype = draw(st.sampled_from([None, torch.float32]))
+    call = Call("rms_norm", [x, Arg("weight", w, copied=True), 1e-6, offset], {"out_dtype": out_dtype},
+                out_dtype=out_dtype)
     return call, lambda: rms_norm_formula(x.tensor, w, 1e-6, offset)
 
 
 def build_layer_norm(draw, dtype):
     shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
     x = Arg("x", laid_out(draw, randn(shape, dtype)))
-    w = optional(draw, lambda: randn((shape[-1],), dtype))
-    b = optional(draw, lambda: randn((shape[-1],), dtype))
+    w = optional(draw, lambda: randn((shape[-1],), params_dtype(draw, dtype)))
+    b = optional(draw, lambda: randn((shape[-1],), params_dtype(draw, dtype)))
     call = Call("layer_norm", [x, Arg("weight", w, copied=True), Arg("bias", b, copied=True), 1e-5])
     return call, lambda: layer_norm_formula(x.tensor, w, b, 1e-5)
 
@@ -144,7 +153,7 @@ def build_fused_add_rms_norm(draw, dtype):
     shape = rows_shape(draw, draw(st.sampled_from(SIZES)))
     x = Arg("x", laid_out(draw, randn(shape, dtype)))
     residual = Arg("residual", laid_out(draw, randn(shape, dtype)))
-    w = optional(draw, lambda: randn((shape[-1],), dtype))
+    w = optional(draw, lambda: randn((shape[-1],), params_dtype(draw, dtype)))
 
     def formula():
         h = (x.tensor.double() + residual.tensor.double()).to(dtype)
@@ -366,8 +375,9 @@ def check_matches(out, ref, dtype, call, scale=None):
     if call.exact:
         assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
     else:
-        assert out.dtype == dtype
-        assert_close(out, ref, dtype, scale=scale or call.scale)
+        out_dtype = call.out_dtype or dtype
+        assert out.dtype == out_dtype
+        assert_close(out, ref, out_dtype, scale=scale or call.scale)
 
 
 def to_cpu(out):
