@@ -221,3 +221,18 @@ def test_norm_reads_eps_at_call_time(layer):
     name = "variance_epsilon" if hasattr(stock, "variance_epsilon") else "eps"
     setattr(stock, name, 0.5)
     assert_close(stock(x), rms_norm_formula(x, stock.weight, 0.5), torch.float32)
+
+
+@pytest.mark.parametrize("kind", RMS_NORM_KINDS)
+def test_norm_mixed_dtypes_compile_fullgraph(kind):
+    """The mixed-precision forward (stock output dtype, widened weights) traces without graph
+    breaks."""
+    build, layer, _ = RMS_NORM_KINDS[kind]
+    module = build().requires_grad_(False)
+    module.weight.normal_()
+    norm = types.MethodType(layer.forward, module)
+    x = torch.randn(4, D, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    out = torch.compile(norm, fullgraph=True, backend="aot_eager")(x)
+    assert out.dtype == norm(x).dtype
+    torch.testing.assert_close(out, norm(x))
