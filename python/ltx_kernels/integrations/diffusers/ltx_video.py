@@ -233,15 +233,17 @@ def _model_forward(
     """``LTXVideoTransformer3DModel.forward`` with positions instead of RoPE tables and a
     fused output norm; everything else as diffusers computes it.
 
-    Positions only reach the blocks when ``inject`` was asked for exact angles and every
-    block's attn1 runs our processor (one the user set after ``inject``, e.g. with
-    ``set_attn_processor``, takes diffusers' tables); otherwise the tables are built as stock.
+    Positions only reach the blocks when ``inject`` was asked for exact angles, every block's
+    attn1 runs our processor (one the user set after ``inject``, e.g. with
+    ``set_attn_processor``, takes diffusers' tables) and context parallelism is off (enabled
+    after ``inject``, it splits the tokens and the tables, which its hooks on ``rope`` shard;
+    the positions would cover every token); otherwise the tables are built as stock.
     """
     from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
-    if self._ltx_kernels_exact_rope and all(
+    if (self._ltx_kernels_exact_rope and getattr(self, "_parallel_config", None) is None and all(
         isinstance(block.attn1.processor, LtxKernelsAttnProcessor) for block in self.transformer_blocks
-    ):
+    )):
         image_rotary_emb = rope_positions(
             self.rope, num_frames, height, width, rope_interpolation_scale, video_coords
         )
