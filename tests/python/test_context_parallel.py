@@ -7,8 +7,6 @@ needs the log-sum-exp, which diffusers' native attention does not return, stock 
 diffusers places each rank on an accelerator (rank % device count): on a machine without
 one the children report one device, which gloo and the CPU tensors ignore."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,12 +19,6 @@ if not hasattr(diffusers, "ContextParallelConfig"):
 WORLD = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def step(model):
     from test_diffusers_ltx import step_kwargs
 
@@ -36,12 +28,13 @@ def step(model):
         return model(**kw)[0]
 
 
-def rank_main(rank, port, order, kind, attention, out_path):
+def rank_main(rank, store, order, kind, attention, out_path):
     import ltx_kernels.diffusers as lkd
     from test_diffusers_ltx import tiny_model
 
     torch.accelerator.device_count = lambda: 1  # see the module docstring
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # A file store: no rank hosts a server that the other one still needs while tearing down.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         model = tiny_model("cpu", head_dim=12)
         config = diffusers.ContextParallelConfig(**{kind: WORLD})
@@ -53,6 +46,7 @@ def rank_main(rank, port, order, kind, attention, out_path):
         out = step(model)
         if rank == 0:
             torch.save(out, out_path)
+        dist.barrier()  # both ranks done before either tears down
     finally:
         dist.destroy_process_group()
 
@@ -70,7 +64,7 @@ def single_process(attention):
 @pytest.mark.parametrize("attention", [None, "bf16"])
 def test_ulysses_matches_one_process(order, attention, tmp_path):
     out_path = tmp_path / "out.pt"
-    mp.spawn(rank_main, args=(free_port(), order, "ulysses_degree", attention, str(out_path)), nprocs=WORLD)
+    mp.spawn(rank_main, args=(tmp_path / "store", order, "ulysses_degree", attention, str(out_path)), nprocs=WORLD)
     out, expected = torch.load(out_path), single_process(attention)
     # fp32; the parallel run builds diffusers' RoPE tables (fp32 angles: its hooks shard
     # them), the single one our fp64 angles: ~1e-5 apart (as in test_diffusers_ltx).
@@ -79,5 +73,5 @@ def test_ulysses_matches_one_process(order, attention, tmp_path):
 
 def test_ring_with_our_backend_raises(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="attention backend 'ltx_kernels': ring attention"):
-        mp.spawn(rank_main, args=(free_port(), "inject_first", "ring_degree", "bf16", str(tmp_path / "o.pt")),
+        mp.spawn(rank_main, args=(tmp_path / "store", "inject_first", "ring_degree", "bf16", str(tmp_path / "o.pt")),
                  nprocs=WORLD)
