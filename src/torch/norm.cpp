@@ -15,6 +15,8 @@ using OptTensor = std::optional<at::Tensor>;
 // forms torch modules compute, whose parameters a model may keep in float32).
 enum class Params { kLikeX, kLikeXOrFloat32 };
 
+bool is_float32(const OptTensor& t) { return t && t->scalar_type() == at::kFloat; }
+
 // Checks shared by the real and the Meta implementations; returns weight and bias contiguous,
 // both in x's dtype or both in float32 (the kernels read them in one dtype): float32, widened
 // exactly, when either is or the output's dtype `out_dtype` is.
@@ -29,7 +31,6 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
   const bool or_float32 = params == Params::kLikeXOrFloat32;
   OptTensor w = channel_vector(weight, "weight", x, "x", or_float32);
   OptTensor b = channel_vector(bias, "bias", x, "x", or_float32);
-  const auto is_float32 = [](const OptTensor& t) { return t && t->scalar_type() == at::kFloat; };
   if (is_float32(w) || is_float32(b) || out_dtype == at::kFloat) {
     if (w) w = w->to(at::kFloat);
     if (b) b = b->to(at::kFloat);
@@ -52,7 +53,6 @@ NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
   p.type = type;
   p.dtype = to_dtype(x.tensor.scalar_type());
   // Weight and bias come in one dtype (check_norm_args), float32 with a float32 out.
-  const auto is_float32 = [](const OptTensor& t) { return t && t->scalar_type() == at::kFloat; };
   p.out_dtype = out ? to_dtype(out->scalar_type()) : p.dtype;
   p.weight_dtype = is_float32(weight) || is_float32(bias) ? DType::kFloat32 : p.out_dtype;
   p.rows = x.rows;
