@@ -6,6 +6,12 @@
 // per output channel). The tensor cores' FP8 accumulator is not plain fp32 (a product of
 // e4m3 values is exact, the running sum is truncated), so the GPU is held to the reference
 // with a tolerance that grows with k.
+//
+// With a gated residual (fp8_linear_gated_residual: a DiT block's attention output and
+// feed-forward down projections, written straight into the residual stream):
+//   out[m, n] = residual[m, n] + gate[m / batch_rows, n] * (the above)   (fp32), rounded once
+// residual and gate in out_dtype; one gate row per batch of batch_rows consecutive rows (the
+// AdaLN gate of a [B, S, N] activation: batch_rows = S).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +39,12 @@ struct Fp8LinearParams {
   const void* bias = nullptr;      // [n] in out_dtype, or nullptr
   void* out = nullptr;             // [m, n], row stride out_row_stride
   int64_t out_row_stride = 0;
+  // The gated residual: both or neither.
+  const void* residual = nullptr;  // [m, n], row stride residual_row_stride
+  int64_t residual_row_stride = 0;
+  const void* gate = nullptr;      // [m / batch_rows, n], row stride gate_batch_stride
+  int64_t gate_batch_stride = 0;
+  int64_t batch_rows = 0;          // rows per gate row, > 0 and dividing m
   // Compute capability of the GPU it runs on (major * 10 + minor): the CUDA kernel is Hopper's.
   int32_t arch = 0;
 };
@@ -45,7 +57,7 @@ void reference(const Fp8LinearParams& p);
 
 // What the CUDA kernel (sm_90a, TMA) supports beyond validate(): a build for sm_90a and an
 // sm_90 GPU, bf16 or fp16 out, k a multiple of 16 and n of 8, every row 16-byte aligned (base
-// pointers and row strides). nullptr when it does.
+// pointers and row strides; the gate's rows too). nullptr when it does.
 ValidationError cuda_support(const Fp8LinearParams& p);
 
 #if defined(LTX_KERNELS_WITH_CUDA) && defined(LTX_KERNELS_SM90A)

@@ -10,6 +10,12 @@ ValidationError validate(const Fp8LinearParams& p) {
   if (p.out == nullptr) return "out is null";
   if (p.out_row_stride < p.n && p.m > 1) return "out rows overlap (out_row_stride < n)";
   if (p.a_scale == nullptr || p.b_scale == nullptr) return "a_scale or b_scale is null";
+  if ((p.residual == nullptr) != (p.gate == nullptr)) return "residual and gate go together";
+  if (p.residual != nullptr) {
+    if (p.batch_rows <= 0 || p.m % p.batch_rows != 0) return "batch_rows must be > 0 and divide m";
+    if (p.residual_row_stride < p.n && p.m > 1) return "residual rows overlap (residual_row_stride < n)";
+    if (p.gate_batch_stride < 0) return "gate_batch_stride must be >= 0";
+  }
   if (p.k == 0) return nullptr;
   if (p.a == nullptr || p.b == nullptr) return "a or b is null";
   if (p.a_row_stride < 0 || p.b_row_stride < 0) return "row strides must be >= 0";
@@ -28,6 +34,10 @@ ValidationError cuda_support(const Fp8LinearParams& p) {
   if (!aligned16(p.a) || !aligned16(p.b) || !aligned16(p.out) || !aligned16(p.bias) || p.a_row_stride % 16 != 0 ||
       p.b_row_stride % 16 != 0 || (p.out_row_stride * out_bytes) % 16 != 0)
     return "the FP8 GEMM kernel needs 16-byte aligned rows (TMA)";
+  if (p.residual != nullptr &&
+      (!aligned16(p.residual) || !aligned16(p.gate) || (p.residual_row_stride * out_bytes) % 16 != 0 ||
+       (p.gate_batch_stride * out_bytes) % 16 != 0))
+    return "the FP8 GEMM kernel needs 16-byte aligned residual and gate rows";
   return nullptr;
 #endif
 }

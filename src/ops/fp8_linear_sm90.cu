@@ -1,8 +1,8 @@
 // The FP8 linear on Hopper (include/ltx_kernels/fp8_linear.h): a CUTLASS 3 GEMM, sm_90a. TMA
 // loads, warp-specialized (one producer warp, two consumer warpgroups sharing a 128 x 256
 // tile), persistent over the output tiles, clusters of two CTAs along M sharing (multicasting)
-// their B tiles. The row-wise scales and the bias are an epilogue visitor tree, applied to the
-// fp32 accumulator before one rounding.
+// their B tiles. The row-wise scales and the bias (and the gated residual) are an epilogue
+// visitor tree, applied to the fp32 accumulator before one rounding.
 //
 // Accumulation: the tensor cores' own FP8 accumulator over all of k ("fast accumulation").
 // Promoting it to fp32 registers every k-block of 128 needs a second 64 x 256 fp32 accumulator
@@ -10,6 +10,10 @@
 // 800-1000 TFLOPS at the LTX shapes against 1140-1400 here (H100, measured when choosing). Its
 // error (1.5e-3 of the rms at k = 3072, measured) is small beside e4m3's own 2.6e-2.
 #include "ltx_kernels/fp8_linear.h"
+
+#include <array>
+#include <atomic>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -25,33 +29,48 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-template <typename ElementOut>
+constexpr int kMaxDevices = 64;  // per-device caches; a device beyond it is looked up each call
+
+// kGated: the gated residual of fp8_linear.h, a batched GEMM of m / batch_rows batches of
+// batch_rows rows (the weight shared by all: a static zero batch stride, which TMA drops), so
+// that the gate is a row broadcast per batch; the residual is the epilogue's source C.
+template <typename ElementOut, bool kGated>
 struct Fp8Gemm {
   using ElementAB = cutlass::float_e4m3_t;
   using TileShape = Shape<_128, _256, _128>;
   using ClusterShape = Shape<_2, _1, _1>;  // pairs of CTAs share (multicast) their B tiles
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using RowBatchStride = cute::conditional_t<kGated, int64_t, _0>;
 
   // out = (acc * a_scale[m]) * b_scale[n] + bias[n]: fp32, rounded once to ElementOut. A null
-  // bias pointer reads as zeros.
-  using AScale = fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, _0>>;
+  // bias pointer reads as zeros. Gated: out = residual + gate * (the same in fp32), rounded once.
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using AScale = fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, RowBatchStride>>;
   using BScale = fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, _0>>;
   using Bias = fusion::Sm90RowBroadcast<0, TileShape, ElementOut, float, Stride<_0, _1, _0>>;
-  using Multiply = fusion::Sm90Compute<cutlass::multiplies, float, float, cutlass::FloatRoundStyle::round_to_nearest>;
-  using AddBias = fusion::Sm90Compute<cutlass::plus, ElementOut, float, cutlass::FloatRoundStyle::round_to_nearest>;
+  using Gate = fusion::Sm90RowBroadcast<0, TileShape, ElementOut, float, Stride<_0, _1, int64_t>>;
+  using Multiply = fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
   using Scaled = fusion::Sm90EVT<Multiply, fusion::Sm90EVT<Multiply, fusion::Sm90AccFetch, AScale>, BScale>;
-  using Epilogue = fusion::Sm90EVT<AddBias, Scaled, Bias>;
+  using Plain = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, ElementOut, float, kRound>, Scaled, Bias>;
+  using Gated = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float, kRound>,  // gate * y + residual
+      Gate, fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Scaled, Bias>,
+      fusion::Sm90SrcFetch<ElementOut>>;
+  using Epilogue = cute::conditional_t<kGated, Gated, Plain>;
+  using ElementC = cute::conditional_t<kGated, ElementOut, void>;
+  // [n, k] weight: column-major B; gated, with the batch stride a static zero.
+  using LayoutB = cute::conditional_t<kGated, Stride<int64_t, _1, _0>, cutlass::layout::ColumnMajor>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
       16 / sizeof(ElementOut), ElementOut, cutlass::layout::RowMajor, 16 / sizeof(ElementOut), EpilogueSchedule,
       Epilogue>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 16, ElementAB,
-      cutlass::layout::ColumnMajor, 16, float, TileShape, ClusterShape,
+      LayoutB, 16, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
@@ -63,23 +82,42 @@ struct Fp8Gemm {
   static typename Gemm::Arguments arguments(const Fp8LinearParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
-    const int m = static_cast<int>(p.m), n = static_cast<int>(p.n), k = static_cast<int>(p.k);
-    StrideA stride_a = make_stride(p.a_row_stride, _1{}, int64_t(0));
-    StrideB stride_b = make_stride(p.b_row_stride, _1{}, int64_t(0));  // [n, k]: B column-major
-    StrideD stride_d = make_stride(p.out_row_stride, _1{}, int64_t(0));
+    // Plain: one batch of m rows. Gated: m / batch_rows batches, each batch_rows rows on.
+    const int64_t rows = kGated ? p.batch_rows : p.m;
+    const int batches = static_cast<int>(p.m / rows);
+    const int n = static_cast<int>(p.n), k = static_cast<int>(p.k);
+    const auto batch_stride = [rows](int64_t row_stride) { return rows * row_stride; };
+    StrideA stride_a = make_stride(p.a_row_stride, _1{}, batch_stride(p.a_row_stride));
+    StrideB stride_b{};
+    get<0>(stride_b) = p.b_row_stride;
+    StrideD stride_d = make_stride(p.out_row_stride, _1{}, batch_stride(p.out_row_stride));
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
+        {static_cast<int>(rows), n, k, batches},
         {reinterpret_cast<const ElementAB*>(p.a), stride_a, reinterpret_cast<const ElementAB*>(p.b), stride_b},
-        {{}, nullptr, stride_d, static_cast<ElementOut*>(p.out), stride_d},
-    };
-    // The tree's arguments nest as its nodes: {children..., the node's own}.
-    args.epilogue.thread = {
-        {{{}, {p.a_scale}, {}}, {p.b_scale}, {}},
-        {static_cast<const ElementOut*>(p.bias)},
         {},
     };
+    args.epilogue.ptr_D = static_cast<ElementOut*>(p.out);
+    args.epilogue.dD = stride_d;
+    // The tree's arguments nest as its nodes: {children..., the node's own}.
+    typename AScale::Arguments a_scale{p.a_scale};
+    if constexpr (kGated) get<2>(a_scale.dCol) = rows;
+    const typename Scaled::Arguments scaled = {{{}, a_scale, {}}, {p.b_scale}, {}};
+    if constexpr (kGated) {
+      args.epilogue.ptr_C = static_cast<const ElementOut*>(p.residual);
+      args.epilogue.dC = StrideC(make_stride(p.residual_row_stride, _1{}, batch_stride(p.residual_row_stride)));
+      args.epilogue.thread = {
+          {static_cast<const ElementOut*>(p.gate), ElementOut(0), {_0{}, _1{}, p.gate_batch_stride}},
+          {scaled, {static_cast<const ElementOut*>(p.bias)}, {}},
+          {},
+          {},
+      };
+    } else {
+      args.epilogue.dC = stride_d;  // no source: unread
+      args.epilogue.thread = {scaled, {static_cast<const ElementOut*>(p.bias)}, {}};
+    }
     args.hw_info.sm_count = sm_count;
     return args;
   }
@@ -88,42 +126,90 @@ struct Fp8Gemm {
     return static_cast<int64_t>(Gemm::get_workspace_size(arguments(p, sm_count)));
   }
 
-  static cudaError_t run(const Fp8LinearParams& p, int sm_count, void* workspace, cudaStream_t stream) {
-    Gemm gemm;
+  // CUTLASS's GemmUniversalAdapter::run(args) sets two kernel attributes (the shared memory
+  // size, the cluster size) with driver calls on every launch: host time that an eager LTX
+  // step, ~280 of these GEMMs, pays in full where its GPU work is shorter than its launches
+  // (H100, 49 frames, before this: 41.8 ms of host time for ~31 ms of kernels). Here the
+  // shared memory size is set once per device, and the kernel is launched with its cluster
+  // shape as a launch attribute, from the parameters CUTLASS builds for it.
+  static cudaError_t run(const Fp8LinearParams& p, int device, int sm_count, void* workspace, cudaStream_t stream) {
     const auto args = arguments(p, sm_count);
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    const cutlass::Status status = gemm.run(stream);
-    const cudaError_t error = cudaGetLastError();
-    if (status == cutlass::Status::kSuccess || error != cudaSuccess) return error;
-    return cudaErrorLaunchFailure;
+    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    if (Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
+      return cudaErrorInvalidValue;
+    }
+    if (const cudaError_t error = allow_shared_memory(device); error != cudaSuccess) return error;
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = size<0>(ClusterShape{});
+    cluster.val.clusterDim.y = size<1>(ClusterShape{});
+    cluster.val.clusterDim.z = size<2>(ClusterShape{});
+    cudaLaunchConfig_t config = {};
+    config.gridDim = Kernel::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = Kernel::SharedStorageSize;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    void* kernel_args[] = {&params};
+    return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
+                               kernel_args);
+  }
+
+  // The kernel's shared memory exceeds the default 48 KiB: allowed once per device.
+  static cudaError_t allow_shared_memory(int device) {
+    static std::array<std::atomic<bool>, kMaxDevices> allowed{};
+    if (device < kMaxDevices && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
+    const cudaError_t error = cudaFuncSetAttribute(&cutlass::device_kernel<Kernel>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(Kernel::SharedStorageSize));
+    if (error == cudaSuccess && device < kMaxDevices) allowed[device].store(true, std::memory_order_release);
+    return error;
   }
 };
 
-// SMs of the current device: the persistent grid's size (an attribute query, cheap per launch).
-int sm_count() {
-  int device = 0, count = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
+// The current device and its SM count (the persistent grid's size), cached per device.
+struct Device {
+  int index = 0;
+  int sm_count = 0;
+};
+
+Device current_device() {
+  static std::array<std::atomic<int>, kMaxDevices> sm_counts{};
+  Device d;
+  cudaGetDevice(&d.index);
+  if (d.index < kMaxDevices) d.sm_count = sm_counts[d.index].load(std::memory_order_relaxed);
+  if (d.sm_count == 0) {
+    cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.index);
+    if (d.index < kMaxDevices) sm_counts[d.index].store(d.sm_count, std::memory_order_relaxed);
+  }
+  return d;
 }
 
+// f(Fp8Gemm<out dtype, gated>{}) for p's output dtype and epilogue.
 template <typename F>
-auto dispatch_out(DType dtype, F&& f) {
-  return dtype == DType::kBFloat16 ? f(Fp8Gemm<cutlass::bfloat16_t>{}) : f(Fp8Gemm<cutlass::half_t>{});
+auto dispatch(const Fp8LinearParams& p, F&& f) {
+  const auto by_dtype = [&](auto gated) {
+    constexpr bool kGated = decltype(gated)::value;
+    return p.out_dtype == DType::kBFloat16 ? f(Fp8Gemm<cutlass::bfloat16_t, kGated>{})
+                                           : f(Fp8Gemm<cutlass::half_t, kGated>{});
+  };
+  return p.residual != nullptr ? by_dtype(std::true_type{}) : by_dtype(std::false_type{});
 }
 
 }  // namespace
 
 int64_t workspace_bytes(const Fp8LinearParams& p) {
   if (cuda_support(p) != nullptr || p.m == 0 || p.n == 0) return 0;
-  return dispatch_out(p.out_dtype, [&](auto gemm) { return gemm.workspace_bytes(p, sm_count()); });
+  return dispatch(p, [&](auto gemm) { return gemm.workspace_bytes(p, current_device().sm_count); });
 }
 
 cudaError_t launch(const Fp8LinearParams& p, void* workspace, cudaStream_t stream) {
   if (validate(p) != nullptr || cuda_support(p) != nullptr) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  return dispatch_out(p.out_dtype, [&](auto gemm) { return gemm.run(p, sm_count(), workspace, stream); });
+  const Device device = current_device();
+  return dispatch(p, [&](auto gemm) { return gemm.run(p, device.index, device.sm_count, workspace, stream); });
 }
 
 }  // namespace ltx_kernels

@@ -32,6 +32,10 @@ void reference(const Fp8LinearParams& p) {
       for (int64_t k = 0; k < p.k; ++k) acc += a[k] * b[n * p.k + k];
       float v = acc * p.a_scale[m] * p.b_scale[n];
       if (p.bias != nullptr) v += host::load(p.bias, n, p.out_dtype);
+      if (p.residual != nullptr) {
+        const float gate = host::load(p.gate, m / p.batch_rows * p.gate_batch_stride + n, p.out_dtype);
+        v = host::load(p.residual, m * p.residual_row_stride + n, p.out_dtype) + gate * v;
+      }
       host::store(p.out, m * p.out_row_stride + n, p.out_dtype, v);
     }
   }

@@ -1,5 +1,7 @@
 // torch bindings of the FP8 linear path: quantize_fp8 (rows to e4m3 + one fp32 scale per
-// row, include/ltx_kernels/quantize.h) and fp8_linear (the GEMM of two such operands).
+// row, include/ltx_kernels/quantize.h), fp8_linear (the GEMM of two such operands) and
+// fp8_linear_gated_residual (residual + gate * fp8_linear, the epilogue writing the residual
+// stream).
 //
 // fp8_linear computes out = (x_q @ weight_q^T) * x_scale[:, None] * weight_scale[None, :]
 // (+ bias), fp32 accumulation, rounded once to out_dtype (include/ltx_kernels/fp8_linear.h).
@@ -60,38 +62,39 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
 // The cuBLASLt FP8 GEMM takes K and N in multiples of 16; the CPU and Meta implementations
 // check the same, so a shape that CI accepts runs on the GPU.
 void check_fp8_linear(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
-                      const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+                      const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype,
+                      const char* op = "fp8_linear") {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat8_e4m3fn && weight.scalar_type() == at::kFloat8_e4m3fn,
-                   "fp8_linear: x and weight must be float8_e4m3fn (see quantize_fp8), got ",
+                   op, ": x and weight must be float8_e4m3fn (see quantize_fp8), got ",
                    x.scalar_type(), " and ", weight.scalar_type());
   TORCH_CHECK_TYPE(x_scale.scalar_type() == at::kFloat && weight_scale.scalar_type() == at::kFloat,
-                   "fp8_linear: x_scale and weight_scale must be float32, got ", x_scale.scalar_type(),
+                   op, ": x_scale and weight_scale must be float32, got ", x_scale.scalar_type(),
                    " and ", weight_scale.scalar_type());
   TORCH_CHECK_TYPE(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16,
-                   "fp8_linear: out_dtype must be float32, float16 or bfloat16, got ", out_dtype);
+                   op, ": out_dtype must be float32, float16 or bfloat16, got ", out_dtype);
   const at::Device device = x.device();
   for (const auto& [t, name] : {std::pair{&x_scale, "x_scale"}, {&weight, "weight"}, {&weight_scale, "weight_scale"}}) {
-    TORCH_CHECK_VALUE(t->device() == device, "fp8_linear: ", name, " must be on x's device ",
+    TORCH_CHECK_VALUE(t->device() == device, op, ": ", name, " must be on x's device ",
                       device_str(device), ", got ", device_str(t->device()));
   }
-  TORCH_CHECK_VALUE(x.dim() >= 1, "fp8_linear: x must have at least 1 dim");
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have at least 1 dim");
   TORCH_CHECK_VALUE(weight.dim() == 2 && weight.sym_size(1) == x.sym_size(-1),
-                    "fp8_linear: weight must be [N, K] with K = x's last dim (x ", dims_str(x.sym_sizes()),
+                    op, ": weight must be [N, K] with K = x's last dim (x ", dims_str(x.sym_sizes()),
                     "), got ", dims_str(weight.sym_sizes()));
   const c10::SymDimVector rows = row_shape(x);
-  TORCH_CHECK_VALUE(x_scale.sym_sizes() == c10::SymIntArrayRef(rows), "fp8_linear: x_scale must have x's "
+  TORCH_CHECK_VALUE(x_scale.sym_sizes() == c10::SymIntArrayRef(rows), op, ": x_scale must have x's "
                     "shape without its last dim, ", dims_str(rows), ", got ", dims_str(x_scale.sym_sizes()));
   TORCH_CHECK_VALUE(weight_scale.dim() == 1 && weight_scale.sym_size(0) == weight.sym_size(0),
-                    "fp8_linear: weight_scale must be [N] with N = weight.size(0) (weight ",
+                    op, ": weight_scale must be [N] with N = weight.size(0) (weight ",
                     dims_str(weight.sym_sizes()), "), got ", dims_str(weight_scale.sym_sizes()));
   TORCH_CHECK_VALUE(x.sym_size(-1) % 16 == 0 && weight.sym_size(0) % 16 == 0,
-                    "fp8_linear: K and N must be multiples of 16 (the FP8 GEMM's granularity), got "
+                    op, ": K and N must be multiples of 16 (the FP8 GEMM's granularity), got "
                     "weight [N, K] = ", dims_str(weight.sym_sizes()));
   if (bias) {
-    TORCH_CHECK_TYPE(bias->scalar_type() == out_dtype, "fp8_linear: bias must have out_dtype ", out_dtype,
+    TORCH_CHECK_TYPE(bias->scalar_type() == out_dtype, op, ": bias must have out_dtype ", out_dtype,
                      ", got ", bias->scalar_type());
     TORCH_CHECK_VALUE(bias->device() == device && bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0),
-                      "fp8_linear: bias must be [N] on x's device, N = weight.size(0) (weight ",
+                      op, ": bias must be [N] on x's device, N = weight.size(0) (weight ",
                       dims_str(weight.sym_sizes()), "), got ", dims_str(bias->sym_sizes()), " on ",
                       device_str(bias->device()));
   }
@@ -101,6 +104,37 @@ c10::SymDimVector out_shape(const at::Tensor& x, const at::Tensor& weight) {
   c10::SymDimVector shape(x.sym_sizes().begin(), x.sym_sizes().end());
   shape.back() = weight.sym_size(0);
   return shape;
+}
+
+// fp8_linear_gated_residual: x [B, S, K], residual [B, S, N] (its dtype is the output's, and
+// bias's and gate's), gate [B, 1, N] or [N]: one gate row per batch of S rows.
+void check_fp8_linear_gated_residual(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                                     const at::Tensor& weight_scale, const OptTensor& bias,
+                                     const at::Tensor& residual, const at::Tensor& gate) {
+  constexpr const char* op = "fp8_linear_gated_residual";
+  TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, K], got ", dims_str(x.sym_sizes()));
+  const at::ScalarType dtype = residual.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+                   ": residual must be float32, float16 or bfloat16 (the output's dtype), got ",
+                   residual.scalar_type());
+  check_fp8_linear(x, x_scale, weight, weight_scale, bias, dtype, op);
+  TORCH_CHECK_VALUE(residual.device() == x.device(), op, ": residual must be on x's device ",
+                    device_str(x.device()), ", got ", device_str(residual.device()));
+  const c10::SymDimVector shape = out_shape(x, weight);
+  TORCH_CHECK_VALUE(residual.sym_sizes() == c10::SymIntArrayRef(shape), op, ": residual must be [B, S, N] = ",
+                    dims_str(shape), " (x's rows, weight's N), got ", dims_str(residual.sym_sizes()));
+  TORCH_CHECK_TYPE(gate.scalar_type() == dtype, op, ": gate must have residual's dtype ", residual.scalar_type(),
+                   ", got ", gate.scalar_type());
+  TORCH_CHECK_VALUE(gate.device() == x.device(), op, ": gate must be on x's device ", device_str(x.device()),
+                    ", got ", device_str(gate.device()));
+  const c10::SymInt& n = weight.sym_size(0);
+  const bool per_batch = gate.dim() == 3 && gate.sym_size(0) == x.sym_size(0) && gate.sym_size(1) == 1 &&
+                         gate.sym_size(2) == n;
+  const std::vector<c10::SymInt> per_batch_shape = {x.sym_size(0), 1, n};
+  TORCH_CHECK_VALUE(per_batch || (gate.dim() == 1 && gate.sym_size(0) == n), op,
+                    ": gate must be [B, 1, N] or [N] with B = x.size(0), N = weight.size(0) (one gate row per "
+                    "batch; for a per-token gate use fp8_linear, then gated_residual): expected ",
+                    dims_str(per_batch_shape), " or ", dims_str({n}), ", got ", dims_str(gate.sym_sizes()));
 }
 
 at::Tensor fp8_linear_meta(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
@@ -138,6 +172,39 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const 
   const OptTensor b = bias ? std::optional(bias->contiguous()) : std::nullopt;
   const Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
   check_core(p, "fp8_linear");
+  reference(p);
+  return out;
+}
+
+at::Tensor fp8_linear_gated_residual_meta(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                                          const at::Tensor& weight_scale, const OptTensor& bias,
+                                          const at::Tensor& residual, const at::Tensor& gate) {
+  check_fp8_linear_gated_residual(x, x_scale, weight, weight_scale, bias, residual, gate);
+  return at::empty_symint(out_shape(x, weight), residual.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The gated residual's fields of p: residual rows r, gate rows of S = x.size(1) rows each.
+void set_gated_residual(Fp8LinearParams& p, const at::Tensor& x, const at::Tensor& r, const at::Tensor& gate) {
+  p.residual = r.const_data_ptr();
+  p.residual_row_stride = r.stride(0);
+  p.gate = gate.const_data_ptr();
+  p.gate_batch_stride = gate.dim() == 3 ? gate.stride(0) : 0;
+  p.batch_rows = x.size(1);
+}
+
+at::Tensor fp8_linear_gated_residual_cpu(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                                         const at::Tensor& weight_scale, const OptTensor& bias,
+                                         const at::Tensor& residual, const at::Tensor& gate) {
+  at::Tensor out = fp8_linear_gated_residual_meta(x, x_scale, weight, weight_scale, bias, residual, gate);
+  if (out.numel() == 0) return out;
+  const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
+  // (named: p points into them)
+  const at::Tensor xs = x_scale.contiguous(), w = weight.contiguous(), ws = weight_scale.contiguous();
+  const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous(), g = gate.contiguous();
+  const OptTensor b = bias ? std::optional(bias->contiguous()) : std::nullopt;
+  Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
+  set_gated_residual(p, x, r, g);
+  check_core(p, "fp8_linear_gated_residual");
   reference(p);
   return out;
 }
@@ -197,13 +264,52 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
   check_core(p, "fp8_linear");
   if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
     const c10::cuda::CUDAGuard guard(x.device());
-    const at::Tensor workspace = at::empty({workspace_bytes(p)}, x.options().dtype(at::kByte));
-    const cudaError_t error = launch(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream(x.device().index()));
+    // (the persistent scheduler of a plain GEMM needs none: no allocation then)
+    const int64_t bytes = workspace_bytes(p);
+    const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+    const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,
+                                     c10::cuda::getCurrentCUDAStream(x.device().index()));
     TORCH_CHECK(error == cudaSuccess, "fp8_linear: CUDA launch failed: ", cudaGetErrorString(error));
     return out.view_symint(out_shape(x, weight));
   }
 #endif
   return scaled_mm(a, xs, w, ws, bias, out_dtype).view_symint(out_shape(x, weight));
+}
+
+at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
+                                          const at::Tensor& weight_scale, const OptTensor& bias,
+                                          const at::Tensor& residual, const at::Tensor& gate) {
+  check_fp8_linear_gated_residual(x, x_scale, weight, weight_scale, bias, residual, gate);
+  check_compute_capability(x, 89, "fp8_linear_gated_residual", "has no FP8 tensor cores (Ada, Hopper have them)");
+  const at::ScalarType dtype = residual.scalar_type();
+#ifdef LTX_KERNELS_SM90A
+  if (x.numel() > 0 && dtype != at::kFloat) {
+    const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight.contiguous());
+    const at::Tensor xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
+    const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous();
+    at::Tensor out = at::empty(residual.sizes(), residual.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor out2d = out.view({-1, out.size(-1)});
+    Fp8LinearParams p = params_of(a, xs, w, ws, bias, out2d);
+    set_gated_residual(p, x, r, gate);
+    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+    p.arch = prop->major * 10 + prop->minor;
+    check_core(p, "fp8_linear_gated_residual");
+    if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
+      const c10::cuda::CUDAGuard guard(x.device());
+      const int64_t bytes = workspace_bytes(p);
+      const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+      const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,
+                                       c10::cuda::getCurrentCUDAStream(x.device().index()));
+      TORCH_CHECK(error == cudaSuccess, "fp8_linear_gated_residual: CUDA launch failed: ", cudaGetErrorString(error));
+      return out;
+    }
+  }
+#endif
+  // Other GPUs and shapes: the linear's fp32 output (cuBLASLt), then the residual in fp32,
+  // rounded once as the fused kernel does.
+  const OptTensor bias32 = bias ? std::optional(bias->to(at::kFloat)) : std::nullopt;
+  const at::Tensor y = fp8_linear_cuda(x, x_scale, weight, weight_scale, bias32, at::kFloat);
+  return (residual.to(at::kFloat) + gate.to(at::kFloat) * y).to(dtype).contiguous();
 }
 #endif
 
@@ -212,15 +318,18 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
   m.impl("quantize_fp8", &quantize_fp8);
   m.impl("fp8_linear", &fp8_linear_cpu);
+  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_cpu);
 }
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("quantize_fp8", &quantize_fp8_meta);
   m.impl("fp8_linear", &fp8_linear_meta);
+  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_meta);
 }
 #ifdef LTX_KERNELS_WITH_CUDA
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
   m.impl("quantize_fp8", &quantize_fp8);
   m.impl("fp8_linear", &fp8_linear_cuda);
+  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_cuda);
 }
 #endif
 

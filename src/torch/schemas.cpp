@@ -113,6 +113,10 @@ LTX_KERNELS_LIBRARY(m) {
   def("quantize_fp8(Tensor x, str activation='none') -> (Tensor q, Tensor scale)");
   def("fp8_linear(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
       " ScalarType out_dtype) -> Tensor");
+  // residual + gate * fp8_linear(x, ...) rounded once to residual's dtype: x [B, S, K], residual
+  // [B, S, N], gate [B, 1, N] or [N] (a DiT block's gated residual, written by the GEMM).
+  def("fp8_linear_gated_residual(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
+      " Tensor residual, Tensor gate) -> Tensor");
   // Attention (attention.cpp): SDPA's [B, H, S, D] layout and mask semantics, non-causal;
   // precision 'bf16' (exact) or '8bit' (INT8 q and smoothed k, per-block scales).
   def("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None,"

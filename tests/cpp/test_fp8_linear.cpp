@@ -86,6 +86,50 @@ TEST(Fp8LinearReference, RoundsOnceToTheOutputDtype) {
   EXPECT_EQ(host::bf16_to_float(out), 1.0f);
 }
 
+TEST(Fp8LinearReference, GatedResidualPerBatchOfRows) {
+  // 4 rows in 2 batches of 2 rows, n = 2, k = 1: acc = a * b; out = residual + gate[batch] * y,
+  // y = acc * a_scale * b_scale + bias, in fp32, rounded once.
+  const std::vector<float> a_values = {1, 2, -1, 0.5f}, b_values = {1, -2};
+  std::vector<uint8_t> a, b;
+  for (float v : a_values) a.push_back(host::float_to_e4m3(v));
+  for (float v : b_values) b.push_back(host::float_to_e4m3(v));
+  const std::vector<float> a_scale = {1, 1, 2, 4}, b_scale = {1, 0.5f}, bias = {1, 0};
+  // gate rows 3 apart (a strided view): batch 0 = [2, -1], batch 1 = [0.5, 10]
+  const std::vector<float> gate = {2, -1, 99, 0.5f, 10, 99};
+  const std::vector<float> residual = {1, 1, 2, 2, 3, 3, 4, 4};
+  std::vector<float> out(8, -7.0f);
+  Fp8LinearParams p;
+  p.out_dtype = DType::kFloat32;
+  p.m = 4;
+  p.n = 2;
+  p.k = 1;
+  p.a = a.data();
+  p.a_row_stride = 1;
+  p.b = b.data();
+  p.b_row_stride = 1;
+  p.a_scale = a_scale.data();
+  p.b_scale = b_scale.data();
+  p.bias = bias.data();
+  p.out = out.data();
+  p.out_row_stride = 2;
+  p.residual = residual.data();
+  p.residual_row_stride = 2;
+  p.gate = gate.data();
+  p.gate_batch_stride = 3;
+  p.batch_rows = 2;
+  ASSERT_EQ(validate(p), nullptr);
+  reference(p);
+  // y rows: [2, -1], [3, -2], [-1, 2], [3, -2]
+  const std::vector<float> expected = {5, 2, 8, 4, 2.5f, 23, 5.5f, -16};
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], expected[i]) << i;
+
+  p.batch_rows = 3;  // does not divide m
+  EXPECT_NE(validate(p), nullptr);
+  p.batch_rows = 2;
+  p.gate = nullptr;  // a residual without a gate
+  EXPECT_NE(validate(p), nullptr);
+}
+
 TEST(Fp8LinearReference, ValidateNamesWhatIsWrong) {
   Fp8LinearParams p;
   p.m = p.n = p.k = 4;

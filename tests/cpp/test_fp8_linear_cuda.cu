@@ -1,6 +1,6 @@
 // The Hopper FP8 GEMM (fp8_linear) vs the CPU reference; skipped without an sm_90 GPU or a
 // build for sm_90a. Odd sizes (partial tiles in m, n and k), strided rows, both output dtypes,
-// with and without bias.
+// with and without bias, and the gated residual (batches of rows, each with its gate row).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +27,7 @@ struct Case {
   int64_t pad;  // extra elements per row of a, b and out (strided rows)
   DType out_dtype;
   bool bias;
+  int64_t batches = 0;  // > 0: the gated residual, m / batches rows per gate row
 };
 
 std::vector<uint8_t> bytes_of(const std::vector<float>& v) {
@@ -46,7 +47,7 @@ std::vector<uint8_t> random_e4m3(int64_t rows, int64_t cols, int64_t stride, std
 
 void check_case(const Case& c) {
   SCOPED_TRACE(testing::Message() << "m " << c.m << " n " << c.n << " k " << c.k << " pad " << c.pad << " out "
-                                  << dtype_name(c.out_dtype) << " bias " << c.bias);
+                                  << dtype_name(c.out_dtype) << " bias " << c.bias << " batches " << c.batches);
   std::mt19937 rng(static_cast<unsigned>(c.m * 7 + c.n * 13 + c.k));
   const int64_t ka = c.k + c.pad * 16, nout = c.n + c.pad * 8;  // row strides, 16-byte multiples
   const auto a = random_e4m3(c.m, c.k, ka, rng), b = random_e4m3(c.n, c.k, ka, rng);
@@ -58,6 +59,11 @@ void check_case(const Case& c) {
   std::vector<uint8_t> bias(c.n * out_bytes);
   std::normal_distribution<float> normal;
   for (int64_t i = 0; i < c.n; ++i) host::store(bias.data(), i, c.out_dtype, normal(rng));
+  // Gated: residual rows as strided as out's, gate rows nout apart (a view of a wider tensor).
+  const int64_t gate_rows = std::max<int64_t>(c.batches, 1);
+  std::vector<uint8_t> residual(c.m * nout * out_bytes, 0), gate(gate_rows * nout * out_bytes, 0);
+  for (int64_t i = 0; i < c.m * nout; ++i) host::store(residual.data(), i, c.out_dtype, 4 * normal(rng));
+  for (int64_t i = 0; i < gate_rows * nout; ++i) host::store(gate.data(), i, c.out_dtype, normal(rng));
 
   Fp8LinearParams p;
   p.out_dtype = c.out_dtype;
@@ -74,10 +80,21 @@ void check_case(const Case& c) {
   p.b_scale = b_scale.data();
   p.bias = c.bias ? bias.data() : nullptr;
   p.out = expected.data();
+  if (c.batches > 0) {
+    p.residual = residual.data();
+    p.residual_row_stride = nout;
+    p.gate = gate.data();
+    p.gate_batch_stride = nout;
+    p.batch_rows = c.m / c.batches;
+  }
   reference(p);
 
   DeviceBuffer da(a), db(b), das(bytes_of(a_scale)), dbs(bytes_of(b_scale)), dbias(bias),
-      dout(std::vector<uint8_t>(expected.size(), 0));
+      dout(std::vector<uint8_t>(expected.size(), 0)), dresidual(residual), dgate(gate);
+  if (c.batches > 0) {
+    p.residual = dresidual.ptr;
+    p.gate = dgate.ptr;
+  }
   p.a = static_cast<const uint8_t*>(da.ptr);
   p.b = static_cast<const uint8_t*>(db.ptr);
   p.a_scale = static_cast<const float*>(das.ptr);
@@ -123,6 +140,10 @@ TEST(Fp8LinearCuda, MatchesTheReference) {
       {1, 8, 16, 0, DType::kBFloat16, false},     {7, 24, 48, 1, DType::kFloat16, true},
       {129, 264, 272, 0, DType::kBFloat16, true}, {300, 520, 1040, 2, DType::kBFloat16, true},
       {256, 512, 4096, 0, DType::kFloat16, false}, {1000, 776, 144, 1, DType::kFloat16, true},
+      // Gated residual: one batch, two of 2688 rows (an LTX step's CFG pair at 49 frames, one
+      // third of the width), odd batches whose rows end inside a tile.
+      {256, 264, 272, 0, DType::kBFloat16, true, 1}, {5376, 688, 2048, 0, DType::kBFloat16, true, 2},
+      {3 * 129, 520, 1040, 2, DType::kFloat16, false, 3}, {2 * 7, 24, 48, 1, DType::kBFloat16, true, 2},
   };
   for (const Case& c : cases) check_case(c);
 }

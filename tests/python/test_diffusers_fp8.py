@@ -17,8 +17,9 @@ from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_ltx import step_kwargs, tiny_model  # noqa: E402
 from test_fp8 import count_quantizations  # noqa: E402
 
-# Linears per LTX block: attn1 and attn2 q/k/v/out, FF up and down.
-LINEARS_PER_BLOCK = 10
+# FP8 linears per LTX block: attn1 q/k/v/out, attn2 q/out, FF up and down (attn2's text k/v
+# stay in the model's dtype by default: _fp8.DEFAULT_FP8_SKIP says why).
+LINEARS_PER_BLOCK = 8
 # FP8 e4m3 keeps 3 mantissa bits: one quantized GEMM is ~2.5e-2 off on random data, and the
 # tiny model's output, through 2 blocks of residual updates, measured 1.5e-2 to 2.5e-2.
 FP8_TOLERANCE = 5e-2
@@ -51,6 +52,9 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
     assert all(name.startswith("transformer_blocks.") for name in quantized)
     assert model.proj_in.weight.dtype == dtype and model.proj_out.weight.dtype == dtype
     assert model.transformer_blocks[0].attn1.to_q.weight.dtype == torch.float8_e4m3fn
+    for block in model.transformer_blocks:
+        assert block.attn2.to_q.weight.dtype == block.attn2.to_out[0].weight.dtype == torch.float8_e4m3fn
+        assert block.attn2.to_k.weight.dtype == block.attn2.to_v.weight.dtype == dtype
     assert any("FP8 weights" in note for note in report.notes)
     with torch.no_grad():
         out = model(**{k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()})[0]
@@ -59,21 +63,49 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
 
 
 def test_fp8_quantizes_each_activation_once(monkeypatch):
-    """Per block: attn1's q/k/v share one quantization, written by norm1 itself; attn2's k/v
-    share one; the FF's input is written quantized by norm2 and its GELU is fused into the
-    down projection's: 7 quantizations, 5 of them standalone quantize_fp8 passes, not 10."""
+    """Per block: attn1's q/k/v share one quantization, written by norm1 itself; attn2's q and
+    the two attention outputs take one each; the FF's input is written quantized by norm2 and
+    its GELU is fused into the down projection's: 6 quantizations for 8 FP8 linears, 4 of them
+    standalone quantize_fp8 passes (attn2's text k/v stay in the model's dtype)."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
     calls = count_quantizations(monkeypatch)
     with torch.no_grad():
         model(**step_kwargs(model, "interpolation_scale", per_token=False))
     blocks = len(model.transformer_blocks)
-    assert len(calls) == 7 * blocks and calls.count("gelu_tanh") == blocks
+    assert len(calls) == 6 * blocks and calls.count("gelu_tanh") == blocks
     assert calls.count("adaln_rms_norm_fp8") == calls.count("gated_residual_adaln_rms_norm_fp8") == blocks
 
 
-@pytest.mark.parametrize("target", ["norm1", "norm2", "attn1", "attn1.to_q", "attn1.to_v", "ff", "ff.net.0.proj",
-                                    "ff.net.2"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fp8_gemms_write_the_gated_residuals(monkeypatch, per_token):
+    """Per block, x + gate * attn1's output and x + gate * the FF's are written by the output
+    and down projections' FP8 GEMMs (fp8_linear_gated_residual), not by a separate
+    gated_residual pass; with per-token timesteps (one gate row per token) they are not, and
+    both stay FP8's distance from the fp32 model."""
+    stock = model16("cpu")
+    kw = step_kwargs(stock, "interpolation_scale", per_token=per_token)
+    with torch.no_grad():
+        reference = stock(**kw)[0]
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    calls = []
+    for name in ("fp8_linear_gated_residual", "gated_residual"):
+        def counting(*args, _op=getattr(_fp8.ops, name), _name=name):
+            calls.append(_name)
+            return _op(*args)
+
+        monkeypatch.setattr(_fp8.ops, name, counting)
+    with torch.no_grad():
+        out = model(**kw)[0]
+    blocks = len(model.transformer_blocks)
+    fused = "gated_residual" if per_token else "fp8_linear_gated_residual"
+    assert calls == [fused] * 2 * blocks
+    assert 0 < rel_err(out, reference) <= FP8_TOLERANCE
+
+
+@pytest.mark.parametrize("target", ["norm1", "norm2", "attn1", "attn1.to_q", "attn1.to_v", "attn1.to_out.0",
+                                    "attn1.to_out.1", "ff", "ff.net.0.proj", "ff.net.2"])
 def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
     """norm1 and norm2 write their outputs quantized only while every consumer is one of our
     FP8 linears, unhooked: a hook on the norm, the attention, a projection or the FF sees its
@@ -94,6 +126,14 @@ def test_fp8_skip_keeps_matching_linears():
     model = model16("cpu")
     inject_quietly(model, precision="fp8", fp8_skip=[*_fp8.DEFAULT_FP8_SKIP, "*.ff.*"])
     assert model.transformer_blocks[0].ff.net[2].weight.dtype == torch.float32
+    assert _fp8.is_quantized(model.transformer_blocks[0].attn2.to_q)
+    assert not _fp8.is_quantized(model.transformer_blocks[0].attn2.to_v)  # a default pattern
+
+
+def test_fp8_skip_without_the_defaults_quantizes_the_text_projections():
+    model = model16("cpu")
+    inject_quietly(model, precision="fp8", fp8_skip=[])
+    assert _fp8.is_quantized(model.transformer_blocks[0].attn2.to_k)
     assert _fp8.is_quantized(model.transformer_blocks[0].attn2.to_v)
 
 

@@ -217,6 +217,64 @@ def test_fp8_linear_cuda_matches_scaled_mm(rows, k, n, dtype):
     assert error(out) <= 1.1 * error(cublas) + 1e-4
 
 
+def gated_residual_inputs(device, dtype, b, s, k, n, per_batch=True):
+    """x quantized [b, s, k], a quantized weight [n, k], bias, residual [b, s, n] and an LTX-like
+    gate: a [b, 1, n] row of a [b, 1, 6, n] modulation tensor (strided), or one [n] row."""
+    qx, sx = ltx_kernels.quantize_fp8(torch.randn(b, s, k, device=device, dtype=dtype))
+    qw, sw = ltx_kernels.quantize_fp8(torch.randn(n, k, device=device, dtype=dtype))
+    bias = torch.randn(n, device=device, dtype=dtype)
+    residual = 4 * torch.randn(b, s, n, device=device, dtype=dtype)
+    gate = torch.randn(b, 1, 6, n, device=device, dtype=dtype)[:, :, 2] if per_batch else \
+        torch.randn(n, device=device, dtype=dtype)
+    return qx, sx, qw, sw, bias, residual, gate
+
+
+def gated_residual_formula(qx, sx, qw, sw, bias, residual, gate):
+    y = (qx.double() * sx.double()[..., None]) @ (qw.double() * sw.double()[:, None]).T + bias.double()
+    return residual.double() + gate.double() * y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_batch", [True, False])
+@pytest.mark.parametrize("b, s, k, n", [(2, 0, 16, 16), (1, 1, 16, 16), (2, 7, 64, 48), (3, 67, 256, 160)])
+def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch, b, s, k, n):
+    args = gated_residual_inputs(device, dtype, b, s, k, n, per_batch)
+    out = ltx_kernels.fp8_linear_gated_residual(*args)
+    assert out.dtype == dtype and out.shape == (b, s, n) and out.is_contiguous()
+    if s:
+        # On the GPU the FP8 accumulator's error (relative to the linear's output, which the
+        # gate, up to ~4 sigma, multiplies) is coarser than an fp32 output's rounding.
+        scale = max(2.0, 4 * fp8_accumulator_error(k) / TOLERANCE[dtype]) if device == "cuda" else 2.0
+        assert_close(out, gated_residual_formula(*args), dtype, scale=scale)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b, s, k, n", [(2, 2688, 2048, 2048), (2, 2688, 8192, 2048), (1, 8064, 2048, 2048),
+                                        (3, 1333, 1040, 528), (2, 5, 4096, 2048)])
+def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n):
+    """Our Hopper kernel (the large shapes: one GEMM per sample batch, the residual read and
+    written by its epilogue) and the cuBLASLt path (the small one): within one output rounding
+    and the FP8 accumulator's error of the fp64 formula, and no less accurate than the unfused
+    fp8_linear then gated_residual (which rounds the linear's output once more)."""
+    args = gated_residual_inputs("cuda", dtype, b, s, k, n)
+    qx, sx, qw, sw, bias, residual, gate = args
+    out = ltx_kernels.fp8_linear_gated_residual(*args)
+    exact = gated_residual_formula(*args)
+    y = (qx.double() * sx.double()[..., None]) @ (qw.double() * sw.double()[:, None]).T + bias.double()
+    rms_y = y.norm().item() / y.numel() ** 0.5
+    rtol = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    torch.testing.assert_close(out.double(), exact, rtol=rtol,
+                               atol=fp8_accumulator_error(k) * rms_y * gate.abs().max().item())
+    unfused = ltx_kernels.gated_residual(residual, ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx), gate)
+
+    def error(t):
+        return ((t.double() - exact).norm() / exact.norm()).item()
+
+    assert error(out) <= 1.05 * error(unfused) + 1e-5
+
+
 def test_meta_shapes():
     x = torch.empty(2, 7, 32, device="meta", dtype=torch.bfloat16)
     q, s = ops.quantize_fp8(x)
@@ -251,6 +309,27 @@ def test_bad_input_names_the_argument(device):
         ops.fp8_linear(q, s, w, ws, None, torch.int32)
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_fp8_linear_gated_residual_bad_input_names_the_argument(device):
+    qx, sx, qw, sw, bias, residual, gate = gated_residual_inputs(device if device == "cpu" else "cpu",
+                                                                 torch.bfloat16, 2, 5, 32, 48)
+    qx, sx, qw, sw, bias, residual, gate = (t.to(device) for t in (qx, sx, qw, sw, bias, residual, gate))
+    op = ops.fp8_linear_gated_residual
+    assert op(qx, sx, qw, sw, bias, residual, gate).shape == (2, 5, 48)
+    with pytest.raises(ValueError, match=r"fp8_linear_gated_residual: gate must be \[B, 1, N\] or \[N\].*per-token"):
+        op(qx, sx, qw, sw, bias, residual, residual)  # a per-token gate
+    with pytest.raises(ValueError, match="fp8_linear_gated_residual: x must be \\[B, S, K\\]"):
+        op(qx[0], sx[0], qw, sw, bias, residual[0], gate[0, 0])
+    with pytest.raises(ValueError, match="fp8_linear_gated_residual: residual must be \\[B, S, N\\]"):
+        op(qx, sx, qw, sw, bias, residual[:, :4], gate)
+    with pytest.raises(TypeError, match="fp8_linear_gated_residual: gate must have residual's dtype"):
+        op(qx, sx, qw, sw, bias, residual, gate.float())
+    with pytest.raises(TypeError, match="fp8_linear_gated_residual: residual must be float32, float16 or bfloat16"):
+        op(qx, sx, qw, sw, bias, residual.double(), gate)
+    with pytest.raises(TypeError, match="bias must have out_dtype"):
+        op(qx, sx, qw, sw, bias.float(), residual, gate)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
     w = torch.randn(32, 64, device=device)
@@ -263,3 +342,10 @@ def test_compile_fullgraph(device):
     backend = "inductor" if device == "cuda" else "aot_eager"
     x = torch.randn(5, 64, device=device)
     assert torch.equal(torch.compile(f, fullgraph=True, backend=backend)(x), f(x))
+
+    def g(x, residual, gate):
+        return ltx_kernels.fp8_linear_gated_residual(*ltx_kernels.quantize_fp8(x), qw, sw, None, residual * 2, gate)
+
+    torch._dynamo.reset()
+    x, residual, gate = (torch.randn(*shape, device=device) for shape in ((2, 3, 64), (2, 3, 32), (2, 1, 32)))
+    assert torch.equal(torch.compile(g, fullgraph=True, backend=backend)(x, residual, gate), g(x, residual, gate))

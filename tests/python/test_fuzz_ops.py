@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ops = torch.ops.ltx_kernels
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 17 builders x 2 kinds: >= 3,000 cases
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 18 builders x 2 kinds: >= 3,000 cases
 SEED = os.environ.get("FUZZ_SEED")
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -340,12 +340,39 @@ def build_fp8_linear(draw, dtype):
     return call, formula
 
 
+def build_fp8_linear_gated_residual(draw, dtype):
+    k, n = draw(st.sampled_from([16, 32, 48])), draw(st.sampled_from([16, 32, 64]))
+    b, s = draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([0, 1, 5, 7]))
+    xq, xs = torch_quantize(randn((b, s, k), dtype))
+    wq, ws = torch_quantize(randn((n, k), dtype))
+    bias = optional(draw, lambda: randn((n,), dtype))
+    residual = randn((b, s, n), dtype)
+    gate = laid_out(draw, randn((b, 1, n), dtype)) if draw(st.booleans()) else randn((n,), dtype)
+    # x, the scales and vectors, the residual and the gate: any layout (the op copies them).
+    x = Arg("x", laid_out(draw, xq), copied=True)
+    # The GPU's FP8 accumulator error, relative to the linear's output, times the gate.
+    cuda_scale = max(2.0, 4 * fp8_accumulator_error(k) / TOLERANCE[dtype])
+    call = Call("fp8_linear_gated_residual",
+                [x, Arg("x_scale", xs, copied=True), Arg("weight", wq, copied=True),
+                 Arg("weight_scale", ws, copied=True), Arg("bias", bias, copied=True),
+                 Arg("residual", laid_out(draw, residual), copied=True), Arg("gate", gate, copied=True)],
+                cuda_scale=cuda_scale)
+
+    def formula():
+        out = (xq.double() * xs.double()[..., None]) @ (wq.double() * ws.double()[:, None]).T
+        out = out + bias.double() if bias is not None else out
+        return residual.double() + gate.double() * out
+
+    return call, formula
+
+
 BUILDERS = {
     "apply_rotary_pos_emb": build_apply_rotary_pos_emb,
     "ltx_rope": build_ltx_rope,
     "ltx_qk_norm_rope": build_ltx_qk_norm_rope,
     "attention": build_attention,
     "fp8_linear": build_fp8_linear,
+    "fp8_linear_gated_residual": build_fp8_linear_gated_residual,
     "rms_norm": build_rms_norm,
     "layer_norm": build_layer_norm,
     "fused_add_rms_norm": build_fused_add_rms_norm,

@@ -5,9 +5,11 @@ What changes, per transformer block (the math is DESIGN.md section 3's LTX block
   ``[B, T, 6, D]`` modulation tensor, per batch T = 1 or per token T = S);
 - attn1: ``norm_q``/``norm_k`` + LTX RoPE as one ``ltx_qk_norm_rope`` launch with the angles
   computed in the kernel, so the model's ``[B, S, D]`` fp32 cos/sin tables are never built;
-- ``x + attn1 * gate_msa``: ``gated_residual``;
+- ``x + attn1 * gate_msa``: ``gated_residual`` (under FP8, attn1's output projection writes it:
+  ``fp8_linear_gated_residual``);
 - ``x + attn2`` fused with ``norm2`` + modulation: ``gated_residual_adaln_rms_norm``;
-- the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp``.
+- the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp`` (under
+  FP8, written by the down projection: ``fp8_linear_gated_residual``).
 Model level: the rotary module's tables are replaced by :class:`LtxRopePositions` (unless
 ``inject(..., rope="stock")``, or an attn1 processor is not ours) and the final LayerNorm +
 modulation is one ``adaln_layer_norm``. GEMMs and attention (SDPA or diffusers' attention
@@ -23,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch
+from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, runs_unhooked
 from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
@@ -70,6 +72,15 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: LtxRopePositions | tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        hidden_states = self.attention(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        (hidden_states,) = _fp8.linears(hidden_states, (attn.to_out[0],))
+        return attn.to_out[1](hidden_states)
+
+    def attention(self, attn: nn.Module, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                  image_rotary_emb=None) -> torch.Tensor:
+        """What ``__call__`` computes before the output projection: the heads' outputs, ``[B, S,
+        inner_dim]`` in the query's dtype (the block writes the projection with its gated
+        residual in one FP8 GEMM, :func:`_attn1_fuses_residual`)."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -104,9 +115,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        (hidden_states,) = _fp8.linears(hidden_states, (attn.to_out[0],))
-        return attn.to_out[1](hidden_states)
+        return hidden_states.flatten(2, 3).to(query.dtype)
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
@@ -172,8 +181,15 @@ def _block_forward(
             lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
             lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
         )
-    attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
-    hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
+    if _attn1_fuses_residual(self.attn1, hidden_states, gate_msa):
+        # x + gate * to_out(attention): the output projection's FP8 GEMM writes the residual.
+        heads = self.attn1.processor.attention(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
+        out = self.attn1.to_out[0]
+        hidden_states = ops.fp8_linear_gated_residual(
+            *ops.quantize_fp8(heads), out.weight, out.weight_scale, _fp8.bias_of(out, dtype), hidden_states, gate_msa)
+    else:
+        attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
+        hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
 
     attn_hidden_states = _attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
     residual = hidden_states
@@ -185,6 +201,9 @@ def _block_forward(
             ),
             lambda: _quantized_residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
         )
+        if _fp8.fuses_gated_residual(hidden_states, gate_mlp):
+            return _fp8.feed_forward_gated_residual(self.ff, _fp8.Quantized(*quantized, dtype), hidden_states,
+                                                    gate_mlp)
         ff_output = _fp8.feed_forward_quantized(self.ff, _fp8.Quantized(*quantized, dtype))
     else:
         hidden_states, norm_hidden_states = call_fused(
@@ -204,6 +223,17 @@ def _attn_takes_quantized(attn: nn.Module) -> bool:
     return (isinstance(attn.processor, LtxKernelsAttnProcessor) and "forward" not in attn.__dict__
             and not attn._forward_hooks and not attn._forward_pre_hooks
             and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
+
+
+def _attn1_fuses_residual(attn: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether attn1's output projection and the gated residual after it run as one FP8 GEMM:
+    attn1 takes its input quantized (:func:`_attn_takes_quantized`), its output projection is
+    our FP8 linear and its dropout does nothing, all unhooked, and the gate is one row per
+    sample (:func:`_fp8.fuses_gated_residual`)."""
+    out, dropout = attn.to_out[0], attn.to_out[1]
+    return (_fp8.fuses_gated_residual(hidden_states, gate) and _attn_takes_quantized(attn)
+            and _fp8.take_quantized((out,)) and type(dropout) is nn.Dropout and runs_unhooked(dropout)
+            and not (dropout.training and dropout.p > 0))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
