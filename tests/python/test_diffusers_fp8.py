@@ -270,3 +270,16 @@ def test_fp8_with_first_block_cache_and_compile():
     assert max_rel_err(outputs, expected) < FP8_TOLERANCE
     torch._dynamo.reset()
     assert max_rel_err(denoise(torch.compile(model, backend="aot_eager"), kw), outputs) < 1e-6
+
+
+def test_fidelity_benchmark_fp8_skip_adds_to_the_default():
+    """``python -m ltx_kernels.bench.fidelity --fp8-skip ...``: the FP8 modes keep the given
+    linears in bf16 besides inject's default ones (the sweep of fidelity_fp8_skip.md)."""
+    from ltx_kernels.bench import fidelity
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = fidelity._prepare(model16("cpu"), "ours-fp8", ("*.ff.*",))
+    block = model.transformer_blocks[0]
+    assert _fp8.is_quantized(block.attn1.to_q) and _fp8.is_quantized(block.attn2.to_out[0])
+    assert not _fp8.is_quantized(block.ff.net[2]) and not _fp8.is_quantized(block.attn2.to_k)

@@ -11,6 +11,8 @@ terminal shift divides by zero at one step). Modes: bf16 eager, ours bf16 (``inj
 (``inject(precision="fp8")``), ours FP8 with our 8-bit attention
 (``inject(precision="fp8", attention="8bit")``) and torchao FP8 row-wise (skipped with a message
 when torchao is not installed). Every mode starts from the fp32 weights cast to bf16.
+``--fp8-skip`` keeps more linears of the FP8 modes in bf16 (benchmarks/results/h100/
+fidelity_fp8_skip.md: which ones carry FP8's error).
 """
 
 from __future__ import annotations
@@ -26,19 +28,21 @@ from ltx_kernels.bench.ltx_e2e import available_modes
 MODES = ["eager", "ours", "ours-fp8", "ours-fp8+attn8bit", "torchao-fp8"]
 
 
-def _prepare(reference_model, mode: str):
+def _prepare(reference_model, mode: str, fp8_skip: tuple[str, ...] = ()):
     import copy
 
     import ltx_kernels.diffusers as lkd
+    from ltx_kernels._fp8 import DEFAULT_FP8_SKIP
     from ltx_kernels.bench.ltx_e2e import _torchao_fp8
 
     model = copy.deepcopy(reference_model).to(torch.bfloat16)
+    skip = DEFAULT_FP8_SKIP + tuple(fp8_skip)
     if mode == "ours":
         lkd.inject(model)
     elif mode == "ours-fp8":
-        lkd.inject(model, precision="fp8")
+        lkd.inject(model, precision="fp8", fp8_skip=skip)
     elif mode == "ours-fp8+attn8bit":
-        lkd.inject(model, precision="fp8", attention="8bit")
+        lkd.inject(model, precision="fp8", fp8_skip=skip, attention="8bit")
     elif mode == "torchao-fp8":
         _torchao_fp8(model)
     return model
@@ -70,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    parser.add_argument("--fp8-skip", nargs="+", default=[], metavar="PATTERN",
+                        help="linears kept in bf16 by the ours-fp8 modes, beside inject's default fp8_skip "
+                             "(fnmatch patterns of qualified names, e.g. '*.attn2.to_out.0')")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = _denoise(reference_model, args.steps, *size), _one_step(reference_model, *size)
     rows = []
     for mode in modes:
-        model = _prepare(reference_model, mode)
+        model = _prepare(reference_model, mode, tuple(args.fp8_skip))
         row = {"mode": mode,
                f"err_{args.steps}_steps": harness.rel_err(_denoise(model, args.steps, *size), reference[0]),
                "err_1_step": harness.rel_err(_one_step(model, *size), reference[1])}
@@ -89,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         print(row, flush=True)
         del model
         harness.release_memory()
-    meta = dict(harness.device_meta(None), config=args.config, frames=args.frames, steps=args.steps)
+    meta = dict(harness.device_meta(None), config=args.config, frames=args.frames, steps=args.steps,
+                fp8_skip_extra=args.fp8_skip)
+    extra = f" FP8 modes also keep {', '.join(args.fp8_skip)} in bf16." if args.fp8_skip else ""
     lines = [f"LTX-Video {args.config}, random weights, {args.frames} frames {args.height}x{args.width}, CFG 3; "
-             f"{meta['gpu']}, torch {meta['torch']}. Relative L2 distance of the final latents to the fp32 model's.\n",
+             f"{meta['gpu']}, torch {meta['torch']}. Relative L2 distance of the final latents to the fp32 "
+             f"model's.{extra}\n",
              f"| mode | {args.steps}-step denoise | 1 step (one forward) |", "|---|---|---|"]
     lines += [f"| {r['mode']} | {r[f'err_{args.steps}_steps']:.2e} | {r['err_1_step']:.2e} |" for r in rows]
     harness.write_report("\n".join(lines) + "\n", meta, rows, args.json, args.markdown)
