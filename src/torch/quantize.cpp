@@ -242,6 +242,23 @@ bool fills_the_gpu(const Fp8LinearParams& p, const cudaDeviceProp& prop) {
   const int64_t tiles = (p.m + 127) / 128 * ((p.n + 255) / 256);
   return tiles * 2 >= prop.multiProcessorCount;
 }
+
+// Runs p on our Hopper kernel where it takes p and the output fills the GPU; false elsewhere
+// (the caller then takes cuBLASLt).
+bool launch_ours(Fp8LinearParams& p, const at::Tensor& x, const char* op) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+  p.arch = prop->major * 10 + prop->minor;
+  check_core(p, op);
+  if (cuda_support(p) != nullptr || !fills_the_gpu(p, *prop)) return false;
+  const c10::cuda::CUDAGuard guard(x.device());
+  // (the persistent scheduler of a plain GEMM needs none: no allocation then)
+  const int64_t bytes = workspace_bytes(p);
+  const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
+  const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,
+                                   c10::cuda::getCurrentCUDAStream(x.device().index()));
+  TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));
+  return true;
+}
 #endif
 
 at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
@@ -259,19 +276,7 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
 #ifdef LTX_KERNELS_SM90A
   at::Tensor out = at::empty({a.size(0), w.size(0)}, x.options().dtype(out_dtype));
   Fp8LinearParams p = params_of(a, xs, w, ws, bias, out);
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
-  p.arch = prop->major * 10 + prop->minor;
-  check_core(p, "fp8_linear");
-  if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    // (the persistent scheduler of a plain GEMM needs none: no allocation then)
-    const int64_t bytes = workspace_bytes(p);
-    const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
-    const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,
-                                     c10::cuda::getCurrentCUDAStream(x.device().index()));
-    TORCH_CHECK(error == cudaSuccess, "fp8_linear: CUDA launch failed: ", cudaGetErrorString(error));
-    return out.view_symint(out_shape(x, weight));
-  }
+  if (launch_ours(p, x, "fp8_linear")) return out.view_symint(out_shape(x, weight));
 #endif
   return scaled_mm(a, xs, w, ws, bias, out_dtype).view_symint(out_shape(x, weight));
 }
@@ -291,18 +296,7 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
     at::Tensor out2d = out.view({-1, out.size(-1)});
     Fp8LinearParams p = params_of(a, xs, w, ws, bias, out2d);
     set_gated_residual(p, x, r, gate);
-    const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
-    p.arch = prop->major * 10 + prop->minor;
-    check_core(p, "fp8_linear_gated_residual");
-    if (cuda_support(p) == nullptr && fills_the_gpu(p, *prop)) {
-      const c10::cuda::CUDAGuard guard(x.device());
-      const int64_t bytes = workspace_bytes(p);
-      const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
-      const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,
-                                       c10::cuda::getCurrentCUDAStream(x.device().index()));
-      TORCH_CHECK(error == cudaSuccess, "fp8_linear_gated_residual: CUDA launch failed: ", cudaGetErrorString(error));
-      return out;
-    }
+    if (launch_ours(p, x, "fp8_linear_gated_residual")) return out;
   }
 #endif
   // Other GPUs and shapes: the linear's fp32 output (cuBLASLt), then the residual in fp32,
