@@ -14,15 +14,23 @@ FP8; needs compute capability >= 8.9), ``--attention bf16|8bit`` (ltx_kernels' a
 model's diffusers attention backend instead of SDPA; on CUDA it takes head dim 64 or 128, so
 not the tiny config) and ``--compile`` combine. Prints per-step and total time, peak GPU memory
 and which kernels were patched in.
+
+On several GPUs, under ``torchrun --nproc-per-node N examples/generate_video.py --parallel ...``:
+``cfg`` splits each step's CFG batch over the ranks (``ltx_kernels.cfg_parallel``; N = 2 for one
+prompt), ``ulysses`` / ``ring`` split the sequence (diffusers' context parallelism,
+``ContextParallelConfig(ulysses_degree=N)`` / ``ring_degree=N``). Every rank runs the same
+pipeline with the same seed; rank 0 alone writes the output and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,8 +62,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--allow-cpu", action="store_true", help="run a full-size model on the CPU (about a minute per step)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--parallel", choices=["cfg", "ulysses", "ring"],
+                   help="under torchrun: the CFG batch (cfg) or the sequence (ulysses, ring) over the ranks")
     args = p.parse_args(argv)
-    return check_device(args)
+    return check_device(start_ranks(args))
+
+
+def start_ranks(args: argparse.Namespace) -> argparse.Namespace:
+    """--parallel: joins torchrun's process group (NCCL on GPUs, gloo on the CPU), each rank on
+    the GPU of its local rank."""
+    if args.parallel is None:
+        return args
+    if "RANK" not in os.environ:
+        raise SystemExit(f"--parallel {args.parallel} runs under torchrun: torchrun --nproc-per-node N "
+                         "examples/generate_video.py ...")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.device.startswith("cuda"):
+        args.device = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo")
+    return args
+
+
+def enable_parallel(pipe, args: argparse.Namespace) -> None:
+    if args.parallel == "cfg":
+        from ltx_kernels.cfg_parallel import enable_cfg_parallel
+
+        enable_cfg_parallel(pipe.transformer)
+    elif args.parallel is not None:
+        from diffusers import ContextParallelConfig
+
+        pipe.transformer.enable_parallelism(
+            config=ContextParallelConfig(**{f"{args.parallel}_degree": dist.get_world_size()}))
 
 
 def check_device(args: argparse.Namespace) -> argparse.Namespace:
@@ -98,6 +136,7 @@ def main(argv=None) -> dict:
     if args.attention != "sdpa" and not args.use_optimized_kernels:
         raise SystemExit(f"--attention {args.attention} runs through ltx_kernels: drop --no-optimized-kernels")
     pipe, inputs = load_pipeline(args)
+    enable_parallel(pipe, args)
     kernels = "off"
     if args.use_optimized_kernels:
         import ltx_kernels.diffusers
@@ -139,6 +178,11 @@ def main(argv=None) -> dict:
     total = time.perf_counter() - start
     steps_ms = [1e3 * (b - a) for a, b in zip([start] + step_ends[:-1], step_ends)]
 
+    if args.parallel is not None:
+        dist.barrier()  # every rank done before rank 0 writes and any rank tears down
+        if dist.get_rank() != 0:
+            dist.destroy_process_group()
+            return {}
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     if args.random_weights:
@@ -168,6 +212,8 @@ def main(argv=None) -> dict:
           f"compile: {args.compile}; "
           f"wrote {output}" + (f" (latents) and {preview} (their first frame, channels 0-2 as RGB)"
                                if args.random_weights else ""))
+    if args.parallel is not None:
+        dist.destroy_process_group()
     return summary
 
 

@@ -93,3 +93,38 @@ def test_fp8_and_compile_together(tmp_path):
         "--steps", "2", "--precision", "fp8", "--compile", "--output", str(tmp_path / "v.mp4"),
     ])
     assert summary["compile"] and summary["precision"] == "fp8"
+
+
+ARGS = ["--random-weights", "--config", "tiny", "--device", "cpu", "--num-frames", "9", "--height", "64",
+        "--width", "96", "--steps", "2"]
+
+
+def parallel_rank(rank, port, out):
+    """One torchrun rank: torchrun's environment, then the script's main."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    load_script().main([*ARGS, "--parallel", "cfg", "--output", out])
+
+
+def test_parallel_cfg_under_torchrun_cpu(tmp_path):
+    """--parallel cfg on 2 ranks (gloo on the CPU): rank 0 alone writes, the latents those of
+    one process (each rank computed half of each step's CFG batch)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:  # a free port for the ranks' rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(parallel_rank, args=(port, str(tmp_path / "parallel.mp4")), nprocs=2)
+    load_script().main([*ARGS, "--output", str(tmp_path / "one.mp4")])
+    parallel, one = torch.load(tmp_path / "parallel.pt"), torch.load(tmp_path / "one.pt")
+    assert rel_err(parallel, one) < 1e-4  # the tiny model in bf16: rounding of a batch of 1 vs 2
+
+
+def test_parallel_needs_torchrun(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit, match="--parallel cfg runs under torchrun"):
+        load_script().main([*ARGS, "--parallel", "cfg"])
