@@ -2,7 +2,8 @@
 tiny LTX-Video transformer with its CFG batch split over the ranks gives the one-process
 output, stock and injected (either order), and so does a whole LTXPipeline denoise with
 guidance; a batch that does not divide raises on every rank naming why; the hook is removed
-cleanly."""
+cleanly. On 4 ranks, a (cfg 2) x (ulysses 2) mesh with diffusers' context parallelism gives
+the one-process output too."""
 
 import pytest
 import torch
@@ -121,3 +122,49 @@ def test_needs_torch_distributed_and_removes_cleanly(tmp_path):
         assert torch.equal(forward(model), expected)
     finally:
         dist.destroy_process_group()
+
+
+def cfg_ulysses_rank(rank, store, out_path):
+    """One of 4 ranks: a (cfg 2) x (ulysses 2) mesh; diffusers' context parallelism over the
+    ulysses dim, ours over the cfg dim."""
+    import diffusers
+    import ltx_kernels.diffusers as lkd
+    from ltx_kernels.cfg_parallel import enable_cfg_parallel
+    from test_diffusers_ltx import step_kwargs, tiny_model
+
+    torch.accelerator.device_count = lambda: 1  # diffusers' device pick (see test_context_parallel)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
+    try:
+        mesh = dist.device_mesh.init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("cfg", "ring", "ulysses"))
+        model = tiny_model("cpu", head_dim=12)
+        lkd.inject(model)
+        model.enable_parallelism(config=diffusers.ContextParallelConfig(ulysses_degree=2, mesh=mesh))
+        enable_cfg_parallel(model, group=mesh["cfg"].get_group())
+        shapes = []  # each rank: half the CFG batch, half the tokens
+        model.proj_in.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape[:2])))
+        kw = step_kwargs(model, "video_coords", per_token=False, tokens=8)
+        with torch.no_grad():  # 8 text tokens: the ulysses ranks shard them too
+            out = model(**kw)[0]
+        assert shapes == [(1, kw["hidden_states"].size(1) // 2)], shapes
+        torch.save(out, f"{out_path}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cfg_and_ulysses_on_a_2x2_mesh(tmp_path):
+    """Issue 21's 4-GPU layout on 4 CPU ranks: every rank returns the one-process output."""
+    if not hasattr(pytest.importorskip("diffusers"), "ContextParallelConfig"):
+        pytest.skip("this diffusers has no context parallelism")
+    import ltx_kernels.diffusers as lkd
+    from test_diffusers_ltx import step_kwargs, tiny_model
+
+    mp.spawn(cfg_ulysses_rank, args=(tmp_path / "store", str(tmp_path / "out.pt")), nprocs=4)
+    model = tiny_model("cpu", head_dim=12)
+    lkd.inject(model)
+    with torch.no_grad():
+        expected = model(**step_kwargs(model, "video_coords", per_token=False, tokens=8))[0]
+    for rank in range(4):
+        out = torch.load(f"{tmp_path / 'out.pt'}.{rank}")
+        # the parallel run takes diffusers' fp32 RoPE tables, one process our fp64 angles
+        assert ((out - expected).norm() / expected.norm()).item() < 1e-4
