@@ -80,7 +80,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
                   image_rotary_emb=None) -> torch.Tensor:
         """What ``__call__`` computes before the output projection: the heads' outputs, ``[B, S,
         inner_dim]`` in the query's dtype (the block writes the projection with its gated
-        residual in one FP8 GEMM, :func:`_attn1_fuses_residual`)."""
+        residual in one FP8 GEMM, :func:`_attn1_out_fuses_residual`)."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -168,7 +168,8 @@ def _block_forward(
     dtype = hidden_states.dtype
     # Under FP8, a norm whose consumers are all our FP8 linears writes its output quantized
     # (the q/k/v projections of attn1, the FF's up projection): one pass, no dtype copy.
-    if _attn_takes_quantized(self.attn1):
+    attn1_quantized = _attn_takes_quantized(self.attn1)
+    if attn1_quantized:
         norm_hidden_states = call_fused(
             (self.norm1,),
             lambda: _fp8.Quantized(*ops.adaln_rms_norm_fp8(
@@ -181,7 +182,7 @@ def _block_forward(
             lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
             lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
         )
-    if _attn1_fuses_residual(self.attn1, hidden_states, gate_msa):
+    if attn1_quantized and _attn1_out_fuses_residual(self.attn1, hidden_states, gate_msa):
         # x + gate * to_out(attention): the output projection's FP8 GEMM writes the residual.
         heads = self.attn1.processor.attention(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
         out = self.attn1.to_out[0]
@@ -225,15 +226,14 @@ def _attn_takes_quantized(attn: nn.Module) -> bool:
             and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
 
 
-def _attn1_fuses_residual(attn: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> bool:
-    """Whether attn1's output projection and the gated residual after it run as one FP8 GEMM:
-    attn1 takes its input quantized (:func:`_attn_takes_quantized`), its output projection is
-    our FP8 linear and its dropout does nothing, all unhooked, and the gate is one row per
+def _attn1_out_fuses_residual(attn: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> bool:
+    """For an attn1 that takes its input quantized (:func:`_attn_takes_quantized`): whether its
+    output projection and the gated residual after it run as one FP8 GEMM: the projection is
+    our FP8 linear and its dropout does nothing, both unhooked, and the gate is one row per
     sample (:func:`_fp8.fuses_gated_residual`)."""
     out, dropout = attn.to_out[0], attn.to_out[1]
-    return (_fp8.fuses_gated_residual(hidden_states, gate) and _attn_takes_quantized(attn)
-            and _fp8.take_quantized((out,)) and type(dropout) is nn.Dropout and runs_unhooked(dropout)
-            and not (dropout.training and dropout.p > 0))
+    return (_fp8.fuses_gated_residual(hidden_states, gate) and _fp8.take_quantized((out,))
+            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and not (dropout.training and dropout.p > 0))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
