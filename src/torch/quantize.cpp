@@ -294,8 +294,11 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
     const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous();
     at::Tensor out = at::empty(residual.sizes(), residual.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor out2d = out.view({-1, out.size(-1)});
+    // The kernel reads each gate row as N consecutive elements: a strided last dim is copied
+    // (LTX's gate, a [B, 1, N] view of its [B, 1, 6, N] modulation, is read in place).
+    const at::Tensor g = gate.stride(-1) == 1 ? gate : gate.contiguous();
     Fp8LinearParams p = params_of(a, xs, w, ws, bias, out2d);
-    set_gated_residual(p, x, r, gate);
+    set_gated_residual(p, x, r, g);
     if (launch_ours(p, x, "fp8_linear_gated_residual")) return out;
   }
 #endif

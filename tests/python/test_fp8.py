@@ -217,15 +217,18 @@ def test_fp8_linear_cuda_matches_scaled_mm(rows, k, n, dtype):
     assert error(out) <= 1.1 * error(cublas) + 1e-4
 
 
-def gated_residual_inputs(device, dtype, b, s, k, n, per_batch=True):
+def gated_residual_inputs(device, dtype, b, s, k, n, per_batch=True, strided_gate=False):
     """x quantized [b, s, k], a quantized weight [n, k], bias, residual [b, s, n] and an LTX-like
-    gate: a [b, 1, n] row of a [b, 1, 6, n] modulation tensor (strided), or one [n] row."""
+    gate: a [b, 1, n] row of a [b, 1, 6, n] modulation tensor (strided), or one [n] row; with
+    strided_gate, every other element of a twice wider one (a strided last dim)."""
     qx, sx = ltx_kernels.quantize_fp8(torch.randn(b, s, k, device=device, dtype=dtype))
     qw, sw = ltx_kernels.quantize_fp8(torch.randn(n, k, device=device, dtype=dtype))
     bias = torch.randn(n, device=device, dtype=dtype)
     residual = 4 * torch.randn(b, s, n, device=device, dtype=dtype)
     gate = torch.randn(b, 1, 6, n, device=device, dtype=dtype)[:, :, 2] if per_batch else \
         torch.randn(n, device=device, dtype=dtype)
+    if strided_gate:
+        gate = torch.stack([gate, torch.randn_like(gate)], -1)[..., 0]
     return qx, sx, qw, sw, bias, residual, gate
 
 
@@ -237,9 +240,10 @@ def gated_residual_formula(qx, sx, qw, sw, bias, residual, gate):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_batch", [True, False])
+@pytest.mark.parametrize("strided_gate", [False, True])
 @pytest.mark.parametrize("b, s, k, n", [(2, 0, 16, 16), (1, 1, 16, 16), (2, 7, 64, 48), (3, 67, 256, 160)])
-def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch, b, s, k, n):
-    args = gated_residual_inputs(device, dtype, b, s, k, n, per_batch)
+def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch, strided_gate, b, s, k, n):
+    args = gated_residual_inputs(device, dtype, b, s, k, n, per_batch, strided_gate)
     out = ltx_kernels.fp8_linear_gated_residual(*args)
     assert out.dtype == dtype and out.shape == (b, s, n) and out.is_contiguous()
     if s:
@@ -251,14 +255,15 @@ def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch,
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("b, s, k, n", [(2, 2688, 2048, 2048), (2, 2688, 8192, 2048), (1, 8064, 2048, 2048),
-                                        (3, 1333, 1040, 528), (2, 5, 4096, 2048)])
-def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n):
+@pytest.mark.parametrize("b, s, k, n, strided_gate", [
+    (2, 2688, 2048, 2048, False), (2, 2688, 8192, 2048, False), (1, 8064, 2048, 2048, False),
+    (3, 1333, 1040, 528, False), (2, 5, 4096, 2048, False), (2, 2688, 2048, 2048, True)])
+def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n, strided_gate):
     """Our Hopper kernel (the large shapes: one GEMM per sample batch, the residual read and
     written by its epilogue) and the cuBLASLt path (the small one): within one output rounding
     and the FP8 accumulator's error of the fp64 formula, and no less accurate than the unfused
     fp8_linear then gated_residual (which rounds the linear's output once more)."""
-    args = gated_residual_inputs("cuda", dtype, b, s, k, n)
+    args = gated_residual_inputs("cuda", dtype, b, s, k, n, strided_gate=strided_gate)
     qx, sx, qw, sw, bias, residual, gate = args
     out = ltx_kernels.fp8_linear_gated_residual(*args)
     exact = gated_residual_formula(*args)
