@@ -154,9 +154,11 @@ def cfg_ulysses_rank(rank, store, out_path):
 
 def test_cfg_and_ulysses_on_a_2x2_mesh(tmp_path):
     """Issue 21's 4-GPU layout on 4 CPU ranks: every rank returns the one-process output."""
-    if not hasattr(pytest.importorskip("diffusers"), "ContextParallelConfig"):
-        pytest.skip("this diffusers has no context parallelism")
+    import diffusers
     import ltx_kernels.diffusers as lkd
+
+    if not hasattr(diffusers, "ContextParallelConfig"):  # an older diffusers (the pinned 0.42 has it)
+        pytest.skip("this diffusers has no context parallelism")
     from test_diffusers_ltx import step_kwargs, tiny_model
 
     mp.spawn(cfg_ulysses_rank, args=(tmp_path / "store", str(tmp_path / "out.pt")), nprocs=4)
