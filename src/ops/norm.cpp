@@ -68,8 +68,17 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   // thread (kernels with fewer registers keep more blocks resident); rows beyond that are
   // streamed by 1024 threads. Threads per row are a power of two (the kernels are compiled
   // for each), and short rows share a 256-thread block.
+  // The RMS AdaLN forms without a residual (adaln_rms_norm and its FP8 form, which must agree
+  // bit for bit: one plan for both) aim at 4 vectors per thread instead: fewer threads per row
+  // reduce it more cheaply and hold more bytes in flight each. H100, bf16, LTX's [2, 1, 6, D]
+  // modulation: adaln_rms_norm_fp8 88.5 -> 56.6 us at 16128 x 2048 and 31.3 -> 22.5 at 5376 x
+  // 2048, adaln_rms_norm 66.8 -> 52.6 / 23.7 -> 19.0; 4096 and 3072 columns likewise
+  // (benchmarks/results/h100/norm_threads_per_row.md). The plain norm and the residual forms
+  // did not gain at every size, and each must keep the plan of its FP8 form.
+  const bool four_per_thread = p.type == NormType::kRms && p.scale.ptr != nullptr && p.residual == nullptr;
+  const int64_t target = four_per_thread ? ceil_div(nvec, 4) : nvec;
   int64_t threads = 32;
-  while (threads < nvec && threads < kMaxCachedThreads) threads *= 2;
+  while (threads < target && threads < kMaxCachedThreads) threads *= 2;
   const int64_t need = ceil_div(nvec, threads);
   int items = 1;
   while (items < need) items *= 2;

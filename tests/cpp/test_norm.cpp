@@ -291,6 +291,38 @@ TEST(NormPlan, VectorizesOnlyWhenAligned) {
   EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 2048, 0x1000, 6144)).vec, 8);
 }
 
+TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
+  // adaln_rms_norm(_fp8), LTX D = 2048 bf16: 64 threads x 4 vectors a row, 4 rows a block,
+  // with or without the FP8 output (the two forms must agree bit for bit: one plan).
+  NormParams mod = plan_params(DType::kBFloat16, 2048);
+  mod.scale.ptr = reinterpret_cast<const void*>(0x4000);
+  for (bool fp8 : {false, true}) {
+    mod.out_fp8 = fp8 ? reinterpret_cast<uint8_t*>(0x3000) : nullptr;
+    const NormLaunchPlan plan = plan_norm(mod);
+    EXPECT_EQ(plan.threads_per_row, 64);
+    EXPECT_EQ(plan.items, 4);
+    EXPECT_EQ(plan.rows_per_block, 4);
+    EXPECT_EQ(plan.blocks, 250);
+  }
+  mod.cols = mod.x_row_stride = mod.out_row_stride = 3072;  // 384 vectors: 128 threads x 4 (3 used)
+  EXPECT_EQ(plan_norm(mod).threads_per_row, 128);
+  EXPECT_EQ(plan_norm(mod).items, 4);
+  // With a residual (gated_residual_adaln_rms_norm), or no modulation (rms_norm_fp8): as the
+  // plain norm, whose plan each FP8 form shares.
+  mod.cols = mod.x_row_stride = mod.out_row_stride = 2048;
+  mod.residual = reinterpret_cast<const void*>(0x5000);
+  EXPECT_EQ(plan_norm(mod).threads_per_row, 256);
+  EXPECT_EQ(plan_norm(mod).items, 1);
+  NormParams fp8 = plan_params(DType::kBFloat16, 2048);
+  fp8.out_fp8 = reinterpret_cast<uint8_t*>(0x3000);
+  EXPECT_EQ(plan_norm(fp8).threads_per_row, 256);
+  // AdaLN layer norm keeps the plain plan.
+  NormParams layer = plan_params(DType::kBFloat16, 2048);
+  layer.type = NormType::kLayer;
+  layer.scale.ptr = reinterpret_cast<const void*>(0x4000);
+  EXPECT_EQ(plan_norm(layer).threads_per_row, 256);
+}
+
 TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
   // LTX D = 2048 bf16: one 16-byte vector per thread, one row per 256-thread block.
   const NormLaunchPlan ltx = plan_norm(plan_params(DType::kBFloat16, 2048));
