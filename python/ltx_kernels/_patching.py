@@ -207,6 +207,14 @@ def runs_unhooked(module: nn.Module) -> bool:
             and not module._forward_hooks and not module._forward_pre_hooks and not is_library_owned(module))
 
 
+def realized(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself; under torch.compile, a buffer of its own before slices of it feed our
+    kernels. Inductor recomputes an unrealized pointwise result (an AdaLN table + timestep sum)
+    in a kernel of its own for each slice that an op outside its codegen reads (4 kernels an LTX
+    block where eager runs one add); an as_strided, a no-op view, makes it realize the whole once."""
+    return t.as_strided(t.shape, t.stride()) if torch.compiler.is_compiling() else t
+
+
 def call_fused(modules: tuple[nn.Module, ...], fused: Callable[[], object], unfused: Callable[[], object]):
     """``fused()``, a kernel that reads ``modules``' parameters in place of calling them
     (e.g. ``norm_q.weight``), run between the modules' hooks; or ``unfused()``, which calls

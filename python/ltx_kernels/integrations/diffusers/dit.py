@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import ops
-from ltx_kernels._patching import is_patched
+from ltx_kernels._patching import is_patched, realized
 from ltx_kernels.integrations.family import Family
 
 from .flux import plain_layer_norm, feed_forward_update, modulate, patch_blocks
@@ -37,7 +37,7 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask=
     single = self.norm_type == "ada_norm_single"
     if single:
         # [B, 6, D] -> six per-sample [B, D] vectors
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = realized(
             self.scale_shift_table[None] + timestep.reshape(hidden_states.shape[0], 6, -1)
         ).unbind(1)
         norm_hidden_states = modulate(self.norm1, hidden_states, scale_msa, shift_msa)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, runs_unhooked
+from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, realized, runs_unhooked
 from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
@@ -163,12 +163,7 @@ def _block_forward(
     ada_values = self.scale_shift_table[None, None].to(temb.device) + temb.reshape(
         batch_size, temb.size(1), num_ada_params, -1
     )
-    if torch.compiler.is_compiling():
-        # Inductor would recompute each slice that our kernels read (they need their inputs
-        # realized) in its own kernel: 4 to 6 small kernels a block where eager runs one add.
-        # An as_strided (a no-op view) makes it realize the sum once, the slices views of it.
-        ada_values = ada_values.as_strided(ada_values.shape, ada_values.stride())
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada_values.unbind(dim=2)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = realized(ada_values).unbind(dim=2)
 
     dtype = hidden_states.dtype
     # Under FP8, a norm whose consumers are all our FP8 linears writes its output quantized
