@@ -37,13 +37,13 @@ SHAPES = [
 IMPLS = ["sdpa_flash", "sdpa_cudnn", "fa3_bf16", "fa3_fp8", "sage", "ours_bf16", "ours_8bit"]
 
 
-def inputs(b, h, sq, sk, d, outlier: bool, seed: int = 0):
+def inputs(b, h, sq, sk, d, outlier: bool, seed: int = 0, device="cuda"):
     """bf16 q, k, v [B, H, S, D]: randn, or the issue's outlier inputs."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    n = lambda *shape: torch.randn(*shape, device="cuda", generator=g)  # noqa: E731
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = lambda *shape: torch.randn(*shape, device=device, generator=g)  # noqa: E731
     if not outlier:
         return tuple(n(b, h, s, d).bfloat16() for s in (sq, sk, sk))
-    hot = torch.ones(d, device="cuda")
+    hot = torch.ones(d, device=device)
     hot[: max(d // 32, 1)] = 8.0
     c_k, c_v = n(1, h, 1, d), n(1, h, 1, d)
     return ((hot * n(b, h, sq, d)).bfloat16(), (0.5 * hot * (n(b, h, sk, d) + 4 * c_k)).bfloat16(),
