@@ -134,6 +134,14 @@ def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: tor
             for m in linears]
 
 
+def matmul_gated_residual(q: torch.Tensor, scale: torch.Tensor, linear: nn.Linear, residual: torch.Tensor,
+                          gate: torch.Tensor) -> torch.Tensor:
+    """``residual + gate * linear(x)`` for an ``x`` quantized as ``(q, scale)``, one
+    :func:`ops.fp8_linear_gated_residual` (a gate that :func:`fuses_gated_residual`)."""
+    return ops.fp8_linear_gated_residual(q, scale, linear.weight, linear.weight_scale, bias_of(linear, residual.dtype),
+                                         residual, gate)
+
+
 def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor) -> bool:
     """Whether ``residual + gate * linear(...)`` can be one :func:`ops.fp8_linear_gated_residual`:
     a ``[B, S, N]`` residual and a gate of one row per sample (``[B, 1, N]``; per-token gates,
@@ -224,9 +232,7 @@ def feed_forward_gated_residual(ff: nn.Module, x: Quantized, residual: torch.Ten
     """``residual + gate * ff(x)`` for a feed-forward that :func:`feed_forward_takes_quantized`,
     with a gate that :func:`fuses_gated_residual`: the down projection's GEMM writes it."""
     (up,) = linears(x, (ff.net[0].proj,))
-    down = ff.net[2]
-    return ops.fp8_linear_gated_residual(*ops.quantize_fp8(up, activation="gelu_tanh"), down.weight, down.weight_scale,
-                                         bias_of(down, x.dtype), residual, gate)
+    return matmul_gated_residual(*ops.quantize_fp8(up, activation="gelu_tanh"), ff.net[2], residual, gate)
 
 
 def _fusable_feed_forward(module: nn.Module) -> bool:

@@ -12,6 +12,35 @@
 namespace ltx_kernels {
 namespace {
 
+// The e4m3 codes of exactly representable values.
+std::vector<uint8_t> e4m3(const std::vector<float>& values) {
+  std::vector<uint8_t> codes;
+  for (float v : values) codes.push_back(host::float_to_e4m3(v));
+  return codes;
+}
+
+// An fp32-output linear over [m, k] a and [n, k] b (row strides as given), with scales and bias.
+Fp8LinearParams float_linear(int64_t m, int64_t n, int64_t k, const std::vector<uint8_t>& a, int64_t a_row_stride,
+                             const std::vector<uint8_t>& b, const std::vector<float>& a_scale,
+                             const std::vector<float>& b_scale, const std::vector<float>& bias,
+                             std::vector<float>& out, int64_t out_row_stride) {
+  Fp8LinearParams p;
+  p.out_dtype = DType::kFloat32;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a = a.data();
+  p.a_row_stride = a_row_stride;
+  p.b = b.data();
+  p.b_row_stride = k;
+  p.a_scale = a_scale.data();
+  p.b_scale = b_scale.data();
+  p.bias = bias.data();
+  p.out = out.data();
+  p.out_row_stride = out_row_stride;
+  return p;
+}
+
 TEST(Fp8LinearReference, EveryCodeTimesOneIsItsValue) {
   const uint8_t one = host::float_to_e4m3(1.0f);
   const float unit = 1.0f;
@@ -38,26 +67,10 @@ TEST(Fp8LinearReference, EveryCodeTimesOneIsItsValue) {
 
 TEST(Fp8LinearReference, ScalesBiasAndStridedRows) {
   // a = [[1, 2, pad], [-0.5, 4, pad]] (row stride 3), b = [[1, 1], [2, -1], [0.25, 0.5]]
-  const std::vector<float> a_values = {1, 2, 0, -0.5f, 4, 0}, b_values = {1, 1, 2, -1, 0.25f, 0.5f};
-  std::vector<uint8_t> a, b;
-  for (float v : a_values) a.push_back(host::float_to_e4m3(v));
-  for (float v : b_values) b.push_back(host::float_to_e4m3(v));
+  const std::vector<uint8_t> a = e4m3({1, 2, 0, -0.5f, 4, 0}), b = e4m3({1, 1, 2, -1, 0.25f, 0.5f});
   const std::vector<float> a_scale = {2.0f, 0.5f}, b_scale = {1.0f, 3.0f, -1.0f}, bias = {0.0f, 1.0f, -2.0f};
   std::vector<float> out(2 * 4, -7.0f);  // row stride 4: the last column stays untouched
-  Fp8LinearParams p;
-  p.out_dtype = DType::kFloat32;
-  p.m = 2;
-  p.n = 3;
-  p.k = 2;
-  p.a = a.data();
-  p.a_row_stride = 3;
-  p.b = b.data();
-  p.b_row_stride = 2;
-  p.a_scale = a_scale.data();
-  p.b_scale = b_scale.data();
-  p.bias = bias.data();
-  p.out = out.data();
-  p.out_row_stride = 4;
+  const Fp8LinearParams p = float_linear(2, 3, 2, a, 3, b, a_scale, b_scale, bias, out, 4);
   ASSERT_EQ(validate(p), nullptr);
   reference(p);
   // acc row 0: [3, 0, 1.25]; row 1: [3.5, -5, 1.875]
@@ -89,29 +102,13 @@ TEST(Fp8LinearReference, RoundsOnceToTheOutputDtype) {
 TEST(Fp8LinearReference, GatedResidualPerBatchOfRows) {
   // 4 rows in 2 batches of 2 rows, n = 2, k = 1: acc = a * b; out = residual + gate[batch] * y,
   // y = acc * a_scale * b_scale + bias, in fp32, rounded once.
-  const std::vector<float> a_values = {1, 2, -1, 0.5f}, b_values = {1, -2};
-  std::vector<uint8_t> a, b;
-  for (float v : a_values) a.push_back(host::float_to_e4m3(v));
-  for (float v : b_values) b.push_back(host::float_to_e4m3(v));
+  const std::vector<uint8_t> a = e4m3({1, 2, -1, 0.5f}), b = e4m3({1, -2});
   const std::vector<float> a_scale = {1, 1, 2, 4}, b_scale = {1, 0.5f}, bias = {1, 0};
   // gate rows 3 apart (a strided view): batch 0 = [2, -1], batch 1 = [0.5, 10]
   const std::vector<float> gate = {2, -1, 99, 0.5f, 10, 99};
   const std::vector<float> residual = {1, 1, 2, 2, 3, 3, 4, 4};
   std::vector<float> out(8, -7.0f);
-  Fp8LinearParams p;
-  p.out_dtype = DType::kFloat32;
-  p.m = 4;
-  p.n = 2;
-  p.k = 1;
-  p.a = a.data();
-  p.a_row_stride = 1;
-  p.b = b.data();
-  p.b_row_stride = 1;
-  p.a_scale = a_scale.data();
-  p.b_scale = b_scale.data();
-  p.bias = bias.data();
-  p.out = out.data();
-  p.out_row_stride = 2;
+  Fp8LinearParams p = float_linear(4, 2, 1, a, 1, b, a_scale, b_scale, bias, out, 2);
   p.residual = residual.data();
   p.residual_row_stride = 2;
   p.gate = gate.data();

@@ -185,9 +185,8 @@ def _block_forward(
     if attn1_quantized and _attn1_out_fuses_residual(self.attn1, hidden_states, gate_msa):
         # x + gate * to_out(attention): the output projection's FP8 GEMM writes the residual.
         heads = self.attn1.processor.attention(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
-        out = self.attn1.to_out[0]
-        hidden_states = ops.fp8_linear_gated_residual(
-            *ops.quantize_fp8(heads), out.weight, out.weight_scale, _fp8.bias_of(out, dtype), hidden_states, gate_msa)
+        hidden_states = _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), self.attn1.to_out[0], hidden_states,
+                                                   gate_msa)
     else:
         attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
         hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
