@@ -4,6 +4,14 @@
 
 namespace ltx_kernels::core {
 
+// 2^x by the SFU (ex2.approx: 2 ulp; exp2(-inf) = 0; results below fp32's smallest normal
+// flush to 0): the attention kernels' softmax, where P is rounded to 16 bits afterwards.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // x * sigmoid(z) with one fast exp and a fast division, right wherever the result is a normal
 // fp32 number. h = e^(-|z|/2) lies in (0, 1], so the divisor 1 + h^2 stays in [1, 2] (the fast
 // division returns 0 for divisors above 2^126, i.e. for z < -87.3 in x / (1 + e^-z)), and for

@@ -1,6 +1,7 @@
 // CUDA kernels of attention (include/ltx_kernels/attention.h): the 8-bit method's quantization
 // pass, the portable tensor-core kernel (sm_80 and later: mma.sync, FlashAttention-2's online
-// softmax), and the dispatch to the Hopper kernel (attention_sm90.cu) on sm_90.
+// softmax), and the dispatch to the short-key kernel (attention_short.cu: at most
+// kShortMaxKeys keys, exact precision) and to the Hopper kernel (attention_sm90.cu) on sm_90.
 //
 // One CTA computes kBlockM query rows of one (batch, head), 16 rows per warp, walking the
 // keys in steps of kBlockN = kQuantBlock: the 8-bit method then has one q scale per warp and
@@ -26,6 +27,7 @@
 #include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
 #include "ltx_kernels/quantize.h"  // kMinAmax
+#include "ops/attention_short.h"
 #include "ops/attention_sm90.h"
 #include "ops/attention_workspace.h"
 #include "ops/host_util.h"
@@ -359,6 +361,7 @@ cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t strea
   if (validate(p) != nullptr || cuda_support(p) != nullptr) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.seq_q == 0) return cudaSuccess;
   if (workspace_bytes(p) > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  if (uses_short_kernel(p)) return launch_short(p, stream);
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, workspace, stream)
                                      : launch_dim<__half>(p, workspace, stream);
 }

@@ -37,6 +37,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cuda_host_adapter.hpp>
 
+#include "core/activation.cuh"
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
@@ -87,11 +88,7 @@ __device__ __forceinline__ void put(uint32_t& slot, float x) { slot = __float_as
 __device__ __forceinline__ float got(float x) { return x; }
 __device__ __forceinline__ float got(uint32_t x) { return __uint_as_float(x); }
 
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: 2 ulp, exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using core::fast_exp2;
 
 // The wgmma descriptor of an operand held in TILE (K-major, rows = M or N), as its two 32-bit
 // words: the high one (the 8-row core-matrix groups 8 * W bytes apart, the swizzle) is the

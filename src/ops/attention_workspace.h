@@ -16,10 +16,22 @@ namespace ltx_kernels {
 constexpr int64_t kMeanChunk = 512;
 constexpr int64_t kHopperBlockN = 128;  // keys per step of the Hopper kernel
 
-// Whether p runs on the Hopper kernel: an sm_90 GPU and a build for sm_90a.
+constexpr int64_t kShortMaxKeys = 128;  // keys the short-key kernel holds (attention_short.cu)
+
+// Whether p runs on the short-key kernel (any GPU): exact precision and at most kShortMaxKeys
+// keys, a cross-attention against a text encoder's tokens. The kernels that walk the keys
+// step by step reload them for every tile of queries and, on Hopper, run one CTA per SM whose
+// load, GEMM and store chain the few steps cannot hide (H100, LTX's 8064 queries x 128 keys:
+// 153 us on the Hopper kernel, 105 on cuDNN; attention_short.cu's numbers there).
+inline bool uses_short_kernel(const AttentionParams& p) {
+  return p.precision == AttentionPrecision::kExact && p.seq_k > 0 && p.seq_k <= kShortMaxKeys;
+}
+
+// Whether p runs on the Hopper kernel: an sm_90 GPU and a build for sm_90a, and not the
+// short-key kernel.
 inline bool uses_hopper_kernel(const AttentionParams& p) {
 #ifdef LTX_KERNELS_SM90A
-  return p.arch / 10 == 9;
+  return p.arch / 10 == 9 && !uses_short_kernel(p);
 #else
   return false;
 #endif

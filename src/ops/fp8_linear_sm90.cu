@@ -10,6 +10,7 @@
 // 800-1000 TFLOPS at the LTX shapes against 1140-1400 here (H100, measured when choosing). Its
 // error (1.5e-3 of the rms at k = 3072, measured) is small beside e4m3's own 2.6e-2.
 #include "ltx_kernels/fp8_linear.h"
+#include "ops/host_util.h"
 
 #include <array>
 #include <atomic>
@@ -29,7 +30,7 @@ namespace {
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-constexpr int kMaxDevices = 64;  // per-device caches; a device beyond it is looked up each call
+using host_util::kMaxDevices;
 
 // kGated: the gated residual of fp8_linear.h, a batched GEMM of m / batch_rows batches of
 // batch_rows rows (the weight shared by all: a static zero batch stride, which TMA drops), so

@@ -17,4 +17,7 @@ inline bool aligned_vectors(const RowVectors& v, int vec) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Devices with a slot in the launchers' per-device caches; a device beyond is looked up each call.
+constexpr int kMaxDevices = 64;
+
 }  // namespace ltx_kernels::host_util

@@ -270,6 +270,26 @@ def test_cuda_wide_tiles(precision, dtype, seq):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(2, 16, 16, 2001, 128), (3, 8, 2, 700, 1), (1, 40, 40, 333, 127)])
+def test_cuda_short_key_kernel(dtype, d, shape):
+    """At most 128 keys (a DiT's text cross-attention), exact precision runs the short-key
+    kernel: CTAs persistent over more (batch, head, 64-row tile) items than the GPU holds, so
+    that each walks several tiles of one head and then moves on to another head's keys (GQA:
+    heads sharing them); against the formula, with LTX's key padding mask (one row of key
+    biases per sample) and with a key bias per head too."""
+    b, hq, hkv, sq, sk = shape
+    q, k, v = on_cuda(*qkv((b, hq, hkv, sq, sk, d), dtype, seed=11))
+    assert_close(ltx_kernels.attention(q, k, v), sdpa64(q, k, v), dtype)
+    padding = torch.arange(sk, device="cuda")[None, None, None, :] < torch.tensor([sk, 1 + sk // 2, 1][:b],
+                                                                                  device="cuda")[:, None, None, None]
+    assert_close(ltx_kernels.attention(q, k, v, attn_mask=padding), sdpa64(q, k, v, padding), dtype)
+    per_head = torch.randn(b, hq, 1, sk, device="cuda")  # a key bias of each head's own
+    assert_close(ltx_kernels.attention(q, k, v, attn_mask=per_head), sdpa64(q, k, v, per_head), dtype)
+
+
+@cuda
 @pytest.mark.parametrize("precision", ["bf16", "8bit"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_scores_that_keep_growing(precision, d):
