@@ -60,6 +60,7 @@ def check_precision(model: nn.Module, precision: str) -> None:
     elif precision == "fp8" and any(is_patched(m) for m in model.modules()):
         raise ValueError(f"{name} is already patched with precision='bf16': call remove() first, then "
                          "patch it with precision='fp8'")
+    check_device_supports_dtype(model)
     if precision == "fp8":
         check_device_supports_fp8(model)
         check_not_offloaded(model)
@@ -103,8 +104,22 @@ def check_adapters(modules) -> None:
             )
 
 
-def _cuda_devices(model: nn.Module) -> set[torch.device]:
-    return {p.device for p in model.parameters() if p.device.type == "cuda"}
+def _cuda_devices(model: nn.Module, dtype: torch.dtype | None = None) -> set[torch.device]:
+    """The GPUs holding the model's parameters (of ``dtype``, when given)."""
+    return {p.device for p in model.parameters() if p.device.type == "cuda" and dtype in (None, p.dtype)}
+
+
+def check_device_supports_dtype(model: nn.Module) -> None:
+    """Raises before anything is changed when bfloat16 parameters live on a GPU without
+    bfloat16 arithmetic (before compute capability 8.0, e.g. a T4), where every op raises."""
+    for device in _cuda_devices(model, torch.bfloat16):
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 0):
+            raise ValueError(
+                f"{type(model).__name__} has bfloat16 parameters on {torch.cuda.get_device_name(device)} ({device}, "
+                f"compute capability {major}.{minor}), which has no bfloat16 arithmetic: ltx_kernels runs bfloat16 "
+                "from compute capability 8.0 (Ampere) on. Convert the model to float16 (.half()) or float32 first."
+            )
 
 
 def check_device_supports_fp8(model: nn.Module) -> None:

@@ -9,6 +9,13 @@
 
 #include <cstdint>
 
+// Defined where device code may use them (and in the host pass): the kernels built on them
+// compile to an empty body for older GPUs (sm_75 in the default build), whose launchers refuse
+// to run them (attention.cu: the binding checks the GPU, launch() the code's own arch).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define LTX_KERNELS_SM80_CODE 1
+#endif
+
 namespace ltx_kernels::core {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {

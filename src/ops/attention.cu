@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 
@@ -43,6 +45,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T, int D, bool INT8>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams p, const AttentionWorkspace w) {
+#ifdef LTX_KERNELS_SM80_CODE
   using QK = std::conditional_t<INT8, int8_t, T>;
   using Acc = std::conditional_t<INT8, int, float>;
   constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
@@ -85,10 +88,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
 
   const int steps = (seq_k + kBlockN - 1) / kBlockN;
-  QTile::load<kThreads>(s_q, q_src, q_stride, m0, seq_q);
+  QTile::template load<kThreads>(s_q, q_src, q_stride, m0, seq_q);
   if (steps > 0) {
-    KTile::load<kThreads>(s_k, k_src, k_stride, 0, seq_k);
-    VTile::load<kThreads>(s_v, v_src, v_stride, 0, seq_k);
+    KTile::template load<kThreads>(s_k, k_src, k_stride, 0, seq_k);
+    VTile::template load<kThreads>(s_v, v_src, v_stride, 0, seq_k);
   }
   core::cp_async_commit();
   core::cp_async_wait<0>();
@@ -108,8 +111,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
     if (step + 1 < steps) {
-      KTile::load<kThreads>(s_k + (stage ^ 1) * KTile::kBytes, k_src, k_stride, (step + 1) * kBlockN, seq_k);
-      VTile::load<kThreads>(s_v + (stage ^ 1) * VTile::kBytes, v_src, v_stride, (step + 1) * kBlockN, seq_k);
+      KTile::template load<kThreads>(s_k + (stage ^ 1) * KTile::kBytes, k_src, k_stride, (step + 1) * kBlockN, seq_k);
+      VTile::template load<kThreads>(s_v + (stage ^ 1) * VTile::kBytes, v_src, v_stride, (step + 1) * kBlockN, seq_k);
     }
     core::cp_async_commit();
     core::cp_async_wait<1>();  // this step's tiles have landed (the next step's may not)
@@ -213,6 +216,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * t + 2 * tig) = core::pack2<T>(x0, x1);
     }
   }
+#endif
 }
 
 // ---- the 8-bit method's quantization pass ----
@@ -355,12 +359,34 @@ cudaError_t launch_dim(const AttentionParams& p, void* workspace, cudaStream_t s
   return p.head_dim == 64 ? launch_typed<T, 64>(p, workspace, stream) : launch_typed<T, 128>(p, workspace, stream);
 }
 
+// The kernels here and in attention_short.cu are empty below sm_80 (core/mma.cuh). A GPU of
+// 8.0 or newer runs them only from code built for 8.0 or newer: a build for older GPUs alone
+// (TORCH_CUDA_ARCH_LIST=7.5) has the driver compile its PTX for the GPU, and the empty bodies
+// with it. Checked on the code the driver picked for this device, once per device.
+cudaError_t check_code_arch() {
+  static std::array<std::atomic<int>, host_util::kMaxDevices> ptx{};
+  int device = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+  int version = device < host_util::kMaxDevices ? ptx[device].load(std::memory_order_relaxed) : 0;
+  if (version == 0) {
+    cudaFuncAttributes attributes;
+    if (const cudaError_t error = cudaFuncGetAttributes(&attributes, attention_kernel<__nv_bfloat16, 64, false>);
+        error != cudaSuccess) {
+      return error;
+    }
+    version = attributes.ptxVersion;
+    if (device < host_util::kMaxDevices) ptx[device].store(version, std::memory_order_relaxed);
+  }
+  return version >= 80 ? cudaSuccess : cudaErrorNoKernelImageForDevice;
+}
+
 }  // namespace
 
 cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t stream) {
   if (validate(p) != nullptr || cuda_support(p) != nullptr) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.seq_q == 0) return cudaSuccess;
   if (workspace_bytes(p) > 0 && workspace == nullptr) return cudaErrorInvalidValue;
+  if (const cudaError_t error = check_code_arch(); error != cudaSuccess) return error;
   if (uses_short_kernel(p)) return launch_short(p, stream);
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, workspace, stream)
                                      : launch_dim<__half>(p, workspace, stream);

@@ -65,6 +65,7 @@ __device__ __forceinline__ void load_warp_rows(uint32_t tile, const char* base, 
 template <typename T, int D>
 // Registers for four CTAs an SM at head_dim 64 (128 a thread, no spills), two at 128.
 __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_kernel(const AttentionParams p) {
+#ifdef LTX_KERNELS_SM80_CODE
   using L = Layout<D>;
   using KVTile = typename L::KVTile;
   using QTile = typename L::QTile;
@@ -275,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_ker
     buf ^= 1;
   }
   core::cp_async_wait<0>();  // (no copy outlives the CTA)
+#endif
 }
 
 template <typename T, int D>

@@ -132,7 +132,9 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
                    "attention: on CUDA, q, k and v must be bfloat16 or float16, got ", q.scalar_type());
   TORCH_CHECK_VALUE(q.size(3) == 64 || q.size(3) == 128, "attention: on CUDA, head_dim must be 64 or 128, got ",
                     std::to_string(q.size(3)));
-  check_compute_capability(q, 80, "attention", "has no mma.sync tensor cores (Ampere and newer have them)");
+  check_compute_capability(q, 80, "attention",
+                           "lacks the tensor-core instructions of the attention kernels (cp.async, "
+                           "m16n8k16 mma.sync: Ampere and newer have them; use SDPA there)");
   const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
   // A view whose rows are not 16-byte aligned (an odd offset into a larger tensor) is copied
   // once, O(S D) beside attention's O(S^2 D).

@@ -106,6 +106,9 @@ void run(const Params& p, const at::Tensor& x, const char* op) {
     return;
   }
 #ifdef LTX_KERNELS_WITH_CUDA
+  if (x.scalar_type() == at::kBFloat16) {
+    check_compute_capability(x, 80, op, "has no bfloat16 arithmetic (Ampere and newer have it): use float16 or float32");
+  }
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaError_t error = launch(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
   TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));

@@ -182,13 +182,29 @@ def test_fp8_compiles_fullgraph():
 def test_fp8_refuses_gpus_without_fp8_before_changing_the_model(monkeypatch):
     """An sm_80 GPU (faked: the check reads only devices and capabilities) is refused by name."""
     model = model16("cpu")
-    monkeypatch.setattr(_fp8, "_cuda_devices", lambda m: {torch.device("cuda", 0)})
+    monkeypatch.setattr(_fp8, "_cuda_devices", lambda m, dtype=None: {torch.device("cuda", 0)})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     with pytest.raises(RuntimeError, match="A100 on cuda:0 has compute capability 8.0"):
         lkd.inject(model, precision="fp8")
     assert not any(is_patched(m) for m in model.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bf16_refused_on_gpus_without_it_before_changing_the_model(monkeypatch, dtype):
+    """A T4 (compute capability 7.5, faked: the check reads only devices and capabilities)
+    has no bfloat16: a bf16 model is refused by name, unchanged; an fp16 one is patched."""
+    model = model16("cpu").to(dtype)
+    monkeypatch.setattr(_fp8, "_cuda_devices", lambda m, of=None: {torch.device("cuda", 0)} if of in (None, dtype) else set())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    if dtype == torch.float16:
+        assert inject_quietly(model).patched
+        return
+    with pytest.raises(ValueError, match=r"bfloat16 parameters on Tesla T4 \(cuda:0, compute capability 7.5\)"):
+        lkd.inject(model)
+    assert not any(is_patched(m) for m in model.modules())
 
 
 def test_train_mode_report_says_what_is_forward_only():
