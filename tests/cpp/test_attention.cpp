@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ltx_kernels/attention.h"
+#include "ops/attention_workspace.h"
 
 namespace ltx_kernels {
 namespace {
@@ -74,6 +75,33 @@ TEST(AttentionValidate, RejectsBadParams) {
   EXPECT_STREQ(validate(p), "q and out must not be null");
   p.precision = static_cast<AttentionPrecision>(5);
   EXPECT_STREQ(validate(p), "unknown precision");
+}
+
+// Exact attention over at most kShortMaxKeys keys (a text cross-attention) takes the short-key
+// kernel on every GPU, so the Hopper kernel's transposed V is not allocated for it; more keys,
+// no keys or the 8-bit method take the key-walking kernels.
+TEST(AttentionPlan, ShortKeyKernelTakesExactAttentionOverAtMost128Keys) {
+  AttentionParams p;
+  p.batch = p.heads_q = p.heads_kv = 2;
+  p.seq_q = 8064;
+  p.head_dim = 64;
+  p.dtype = DType::kBFloat16;
+  p.arch = 90;
+  for (int64_t keys : {1, 77, 128}) {
+    p.seq_k = keys;
+    EXPECT_TRUE(uses_short_kernel(p)) << keys;
+    EXPECT_FALSE(uses_hopper_kernel(p)) << keys;
+    EXPECT_EQ(attention_workspace(p, nullptr).v_keys, 0) << keys;  // no transposed V
+    EXPECT_EQ(workspace_bytes(p), 0) << keys;
+  }
+  for (int64_t keys : {0, 129, 8064}) {
+    p.seq_k = keys;
+    EXPECT_FALSE(uses_short_kernel(p)) << keys;
+  }
+  p.seq_k = 128;
+  p.precision = AttentionPrecision::kInt8QK;
+  EXPECT_FALSE(uses_short_kernel(p));
+  EXPECT_GT(workspace_bytes(p), 0);  // its INT8 q and k
 }
 
 }  // namespace
