@@ -109,29 +109,33 @@ def _cuda_devices(model: nn.Module, dtype: torch.dtype | None = None) -> set[tor
     return {p.device for p in model.parameters() if p.device.type == "cuda" and dtype in (None, p.dtype)}
 
 
+def _gpus_below(model: nn.Module, capability: tuple[int, int], dtype: torch.dtype | None = None):
+    """(name, device, "major.minor") of each GPU holding the model's parameters (of ``dtype``,
+    when given) whose compute capability is below ``capability``."""
+    for device in sorted(_cuda_devices(model, dtype), key=str):
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < capability:
+            yield torch.cuda.get_device_name(device), device, f"{major}.{minor}"
+
+
 def check_device_supports_dtype(model: nn.Module) -> None:
     """Raises before anything is changed when bfloat16 parameters live on a GPU without
     bfloat16 arithmetic (before compute capability 8.0, e.g. a T4), where every op raises."""
-    for device in _cuda_devices(model, torch.bfloat16):
-        major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 0):
-            raise ValueError(
-                f"{type(model).__name__} has bfloat16 parameters on {torch.cuda.get_device_name(device)} ({device}, "
-                f"compute capability {major}.{minor}), which has no bfloat16 arithmetic: ltx_kernels runs bfloat16 "
-                "from compute capability 8.0 (Ampere) on. Convert the model to float16 (.half()) or float32 first."
-            )
+    for name, device, capability in _gpus_below(model, (8, 0), torch.bfloat16):
+        raise ValueError(
+            f"{type(model).__name__} has bfloat16 parameters on {name} ({device}, compute capability {capability}), "
+            "which has no bfloat16 arithmetic: ltx_kernels runs bfloat16 from compute capability 8.0 (Ampere) on. "
+            "Convert the model to float16 (.half()) or float32 first."
+        )
 
 
 def check_device_supports_fp8(model: nn.Module) -> None:
     """Raises before anything is changed when a parameter lives on a GPU without FP8."""
-    for device in _cuda_devices(model):
-        major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) < (8, 9):
-            raise RuntimeError(
-                f"precision='fp8' needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper); "
-                f"{torch.cuda.get_device_name(device)} on {device} has compute capability {major}.{minor}. "
-                "Use precision='bf16'."
-            )
+    for name, device, capability in _gpus_below(model, (8, 9)):
+        raise RuntimeError(
+            f"precision='fp8' needs FP8 tensor cores (compute capability >= 8.9: Ada, Hopper); {name} on {device} "
+            f"has compute capability {capability}. Use precision='bf16'."
+        )
 
 
 def bias_of(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor | None:

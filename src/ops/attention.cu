@@ -29,6 +29,7 @@
 #include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
 #include "ltx_kernels/quantize.h"  // kMinAmax
+#include "ops/attention_mma.cuh"
 #include "ops/attention_short.h"
 #include "ops/attention_sm90.h"
 #include "ops/attention_workspace.h"
@@ -180,22 +181,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       }
     }
 
-    // o += P V: P's accumulator layout of two adjacent key tiles is the A fragment of one
-    // 16-key k-step; V's B fragments come from ldmatrix.trans of the row-major tile.
+    // o += P V, 16 keys at a time.
     const uint32_t v_tile = s_v + stage * VTile::kBytes;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {core::pack2<T>(sc[2 * kk][0], sc[2 * kk][1]), core::pack2<T>(sc[2 * kk][2], sc[2 * kk][3]),
-                              core::pack2<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              core::pack2<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int t = 0; t < kDTiles; t += 2) {
-        uint32_t vb[4];  // B fragments of output tiles t and t + 1
-        const int mi = lane / 8;
-        core::ldmatrix_x4_trans(vb, v_tile + VTile::offset(kk * 16 + (mi % 2) * 8 + lane % 8, t + mi / 2));
-        core::mma_16816<T>(o[t], pa, vb[0], vb[1]);
-        core::mma_16816<T>(o[t + 1], pa, vb[2], vb[3]);
-      }
+      attention_mma::pv_step<T, VTile>(o, sc[2 * kk], sc[2 * kk + 1], v_tile, kk * 16, lane);
     }
     __syncthreads();  // every warp is done with this stage before the next step refills it
   }

@@ -24,6 +24,7 @@
 #include "core/activation.cuh"
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
+#include "ops/attention_mma.cuh"
 #include "ops/attention_short.h"
 #include "ops/attention_workspace.h"
 #include "ops/host_util.h"
@@ -226,23 +227,12 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_ker
       }
     }
 
-    // o = P V: P's accumulator layout of two adjacent key tiles is the A fragment of one
-    // 16-key k-step; V's B fragments come from ldmatrix.trans of the row-major tile.
+    // o = P V, 16 keys at a time.
     float o[kDTiles][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       if (kk * 16 >= seq_k) break;  // (P is 0 there)
-      const uint32_t pa[4] = {core::pack2<T>(acc[2 * kk][0], acc[2 * kk][1]), core::pack2<T>(acc[2 * kk][2], acc[2 * kk][3]),
-                              core::pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
-                              core::pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
-#pragma unroll
-      for (int t = 0; t < kDTiles; t += 2) {
-        uint32_t vb[4];  // B fragments of output tiles t and t + 1
-        const int mi = lane / 8;
-        core::ldmatrix_x4_trans(vb, s_v + KVTile::offset(kk * 16 + (mi % 2) * 8 + lane % 8, t + mi / 2));
-        core::mma_16816<T>(o[t], pa, vb[0], vb[1]);
-        core::mma_16816<T>(o[t + 1], pa, vb[2], vb[3]);
-      }
+      attention_mma::pv_step<T, KVTile>(o, acc[2 * kk], acc[2 * kk + 1], s_v, kk * 16, lane);
     }
 
     // The output rows, normalized, into the warp's Q tile (its rows are in registers now),
