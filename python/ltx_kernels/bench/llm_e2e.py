@@ -2,8 +2,10 @@
 
     python -m ltx_kernels.bench.llm_e2e --layers 4 --prefill 8192 --json llm.json --markdown llm.md
 
-Llama-3-8B dimensions (hidden 4096, MLP 14336, 32 query / 8 kv heads of 128, Llama-3 rope
-scaling, vocab 128256) with ``--layers`` decoder layers and random bf16 weights, sdpa
+``--model llama3-8b`` (default): Llama-3-8B dimensions (hidden 4096, MLP 14336, 32 query / 8 kv
+heads of 128, Llama-3 rope scaling, vocab 128256); ``--model falcon-7b``: Falcon-7B's (hidden
+4544, MLP 18176, 71 query heads of 64 sharing one kv head, rotary, attention and MLP in
+parallel after one LayerNorm, vocab 65024). ``--layers`` decoder layers, random bf16 weights, sdpa
 attention. Modes, on the same model one after another: stock eager, stock +
 ``torch.compile(fullgraph=True)``, ours (``ltx_kernels.transformers.apply``), ours + compile.
 
@@ -39,10 +41,25 @@ LLAMA3_8B = dict(
 )  # fmt: skip
 
 
-def random_llama(layers: int, dtype=torch.bfloat16, device="cuda"):
+FALCON_7B = dict(
+    hidden_size=4544, ffn_hidden_size=18176, num_attention_heads=71, multi_query=True, new_decoder_architecture=False,
+    parallel_attn=True, alibi=False, bias=False, vocab_size=65024, layer_norm_epsilon=1e-5,
+    max_position_embeddings=32768, tie_word_embeddings=True,
+)  # fmt: skip
+
+# --model: (transformers model_type, config), the title of its report.
+MODELS = {
+    "llama3-8b": ("llama", LLAMA3_8B, "Llama-3-8B"),
+    "falcon-7b": ("falcon", FALCON_7B, "Falcon-7B"),
+}
+
+
+def random_model(name: str, layers: int, dtype=torch.bfloat16, device="cuda"):
+    """A ``--model`` decoder with ``layers`` layers and random weights, sdpa attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model("llama", num_hidden_layers=layers, **LLAMA3_8B)
+    model_type, dims, _ = MODELS[name]
+    config = AutoConfig.for_model(model_type, num_hidden_layers=layers, **dims)
     config._attn_implementation = "sdpa"
     with torch.device(device):
         torch.manual_seed(0)
@@ -117,7 +134,7 @@ def _row_line(r: dict) -> str:
 
 
 def markdown(rows: list[dict], meta: dict, args) -> str:
-    head = (f"Llama-3-8B dimensions, {args.layers} decoder layers, random weights, bf16, sdpa; "
+    head = (f"{MODELS[args.model][2]} dimensions, {args.layers} decoder layers, random weights, bf16, sdpa; "
             f"prefill: 1 x {args.prefill} tokens; decode: {args.decode_batch} x 1 token against a "
             f"StaticCache of {args.prefill}. {meta['gpu']}, torch {meta['torch']}, transformers "
             f"{meta['transformers']}. Median of {args.reps} CUDA-event-timed calls; kernel split from "
@@ -136,6 +153,7 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.llm_e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama3-8b", choices=sorted(MODELS))
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prefill", type=int, default=8192)
     parser.add_argument("--decode-batch", type=int, default=1)
@@ -148,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         return harness.no_cuda("the LLM end-to-end benchmark")
     import transformers
 
-    meta = dict(harness.device_meta(None), transformers=transformers.__version__, layers=args.layers)
-    model = random_llama(args.layers)
+    meta = dict(harness.device_meta(None), transformers=transformers.__version__, layers=args.layers,
+                model=args.model)
+    model = random_model(args.model, args.layers)
     rows = run(model, args.modes, args.prefill, args.decode_batch, args.reps)
     harness.write_report(markdown(rows, meta, args), meta, rows, args.json, args.markdown)
     return 0
