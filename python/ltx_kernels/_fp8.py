@@ -206,8 +206,14 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(x), modules, x.dtype), unfused)
 
 
+def dropout_is_identity(dropout: nn.Dropout) -> bool:
+    """Whether the dropout passes its input through (eval mode or p = 0): then the GEMMs on
+    either side of it may fuse."""
+    return not (dropout.training and dropout.p > 0)
+
+
 def _has_dropout(ff: nn.Module) -> bool:
-    return ff.training and any(m.p > 0 for m in ff.net if isinstance(m, nn.Dropout))
+    return not all(dropout_is_identity(m) for m in ff.net if isinstance(m, nn.Dropout))
 
 
 def _gelu_down(ff: nn.Module, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

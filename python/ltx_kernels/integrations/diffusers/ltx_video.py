@@ -232,7 +232,7 @@ def _attn1_out_fuses_residual(attn: nn.Module, hidden_states: torch.Tensor, gate
     sample (:func:`_fp8.fuses_gated_residual`)."""
     out, dropout = attn.to_out[0], attn.to_out[1]
     return (_fp8.fuses_gated_residual(hidden_states, gate) and _fp8.take_quantized((out,))
-            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and not (dropout.training and dropout.p > 0))
+            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and _fp8.dropout_is_identity(dropout))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
