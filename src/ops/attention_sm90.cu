@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 constexpr int kShortThreads = 128;
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kShortThreads) attention_short_sm90_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_short_sm90_kernel(const AttentionParams p) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
   constexpr int kKeys = static_cast<int>(kShortMaxKeys);
   constexpr int kQKSteps = D * 2 / 32;  // wgmma k-steps over head_dim: 32 bytes each
