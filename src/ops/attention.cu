@@ -377,7 +377,12 @@ cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t strea
   if (p.batch == 0 || p.seq_q == 0) return cudaSuccess;
   if (workspace_bytes(p) > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   if (const cudaError_t error = check_code_arch(); error != cudaSuccess) return error;
-  if (uses_short_kernel(p)) return launch_short(p, stream);
+  if (uses_short_kernel(p)) {
+#ifdef LTX_KERNELS_SM90A
+    if (p.arch / 10 == 9) return launch_short_hopper(p, stream);
+#endif
+    return launch_short(p, stream);
+  }
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, workspace, stream)
                                      : launch_dim<__half>(p, workspace, stream);
 }

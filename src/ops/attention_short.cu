@@ -17,8 +17,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <array>
-#include <atomic>
 #include <cmath>
 
 #include "core/activation.cuh"
@@ -28,6 +26,7 @@
 #include "ops/attention_short.h"
 #include "ops/attention_workspace.h"
 #include "ops/host_util.h"
+#include "ops/persistent_grid.h"
 
 namespace ltx_kernels {
 namespace {
@@ -272,26 +271,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_ker
 template <typename T, int D>
 cudaError_t launch_typed(const AttentionParams& p, cudaStream_t stream) {
   constexpr int kSmem = Layout<D>::kBytes;
-  const auto kernel = attention_short_kernel<T, D>;
-  // Per device: the shared memory attribute set, and the grid that fills it (CTAs per SM x SMs).
-  static std::array<std::atomic<int>, host_util::kMaxDevices> grids{};
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess) return error;
-  int grid = device < host_util::kMaxDevices ? grids[device].load(std::memory_order_relaxed) : 0;
-  if (grid == 0) {
-    int sms = 0, per_sm = 0;
-    error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error == cudaSuccess) error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem);
-    if (error != cudaSuccess) return error;
-    if (per_sm < 1) return cudaErrorInvalidConfiguration;
-    grid = sms * per_sm;
-    if (device < host_util::kMaxDevices) grids[device].store(grid, std::memory_order_relaxed);
+  int grid = 0;
+  if (const cudaError_t error = persistent_grid<attention_short_kernel<T, D>>(kThreads, kSmem, &grid);
+      error != cudaSuccess) {
+    return error;
   }
   const int64_t items = p.batch * p.heads_q * host_util::ceil_div(p.seq_q, kBlockM);
   const unsigned blocks = static_cast<unsigned>(items < grid ? items : grid);
-  kernel<<<blocks, kThreads, kSmem, stream>>>(p);
+  attention_short_kernel<T, D><<<blocks, kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -43,6 +43,7 @@
 #include "core/smem_tile.cuh"
 #include "ops/attention_sm90.h"
 #include "ops/host_util.h"
+#include "ops/persistent_grid.h"
 
 namespace ltx_kernels {
 namespace {
@@ -488,6 +489,218 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #endif
 }
 
+// The short-key kernel's Hopper form (attention_short.cu has the design and the numerics):
+// one warpgroup per CTA, 64 query rows per item, S = Q K^T as one m64n128 wgmma per 16 of
+// head_dim and O = P V as one m64nD wgmma per 16 keys, where the mma.sync kernel issues 128
+// HMMA per warp and 16 rows. K is loaded as it is (K-major, the QK^T operand), V transposed
+// into V^T while it is loaded (once per head: the PV operand is read K-major, as in the
+// kernel above), the query tile double-buffered (cp.async).
+constexpr int kShortThreads = 128;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_short_sm90_kernel(const AttentionParams p) {
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  constexpr int kKeys = static_cast<int>(kShortMaxKeys);
+  constexpr int kQKSteps = D * 2 / 32;  // wgmma k-steps over head_dim: 32 bytes each
+  constexpr int kNTiles = kKeys / 8;
+  using QTile = core::SmemTile<kRowsPerConsumer, D * 2>;
+  using KTile = core::SmemTile<kKeys, D * 2>;
+  using VTile = core::SmemTile<D, kKeys * 2>;  // V^T: D rows of kKeys keys
+  extern __shared__ char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  char* s_k = smem;
+  char* s_vt = s_k + KTile::kBytes;
+  char* s_q = s_vt + VTile::kBytes;  // [2] query tiles
+  float* bias = reinterpret_cast<float*>(s_q + 2 * QTile::kBytes);  // kKeys floats
+  const uint32_t k_addr = core::smem_addr(s_k), q_addr = core::smem_addr(s_q);
+  const Desc<KTile> k_desc = Desc<KTile>::of(k_addr);
+  const Desc<VTile> v_desc = Desc<VTile>::of(core::smem_addr(s_vt));
+
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const int g = lane / 4, tig = lane % 4;
+  const int seq_q = static_cast<int>(p.seq_q), seq_k = static_cast<int>(p.seq_k);
+  const int heads = static_cast<int>(p.heads_q), group = static_cast<int>(p.heads_q / p.heads_kv);
+  const int64_t tiles = (p.seq_q + kRowsPerConsumer - 1) / kRowsPerConsumer;
+  const int64_t items = p.batch * p.heads_q * tiles;
+  const int64_t begin = items * blockIdx.x / gridDim.x, end = items * (blockIdx.x + 1) / gridDim.x;
+  const float factor = p.scale * kLog2e;
+  const bool row_masks = p.mask != nullptr && p.mask_strides.seq != 0;
+
+  // Items as in attention_short.cu: (batch, head, tile), walked by counters.
+  int64_t b = begin / tiles / heads, tile = begin % tiles;
+  int h = static_cast<int>(begin / tiles % heads);
+  const auto q_rows = [&](int64_t bb, int hh) {
+    return static_cast<const char*>(p.q) + (bb * p.q_strides.batch + hh * p.q_strides.head) * sizeof(T);
+  };
+  const int64_t q_stride = p.q_strides.seq * static_cast<int64_t>(sizeof(T));
+  int64_t kv_loaded = -1;
+  int h_loaded = -1, buf = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const int hk = h / group;
+    const int64_t kv = b * p.heads_kv + hk;
+    const int m0 = static_cast<int>(tile) * kRowsPerConsumer;
+    const bool fresh = kv != kv_loaded || (!row_masks && p.mask != nullptr && p.mask_strides.head != 0 && h_loaded != h);
+    // The next item, for the prefetch of its query rows.
+    int64_t nb = b, ntile = tile + 1;
+    int nh = h;
+    if (ntile == tiles) {
+      ntile = 0;
+      if (++nh == heads) nh = 0, ++nb;
+    }
+    if (fresh) {
+      __syncthreads();  // every warp is done with the previous head's K, V^T and bias
+      const char* k_src = static_cast<const char*>(p.k) + (b * p.k_strides.batch + hk * p.k_strides.head) * sizeof(T);
+      KTile::template load<kShortThreads>(k_addr, k_src, p.k_strides.seq * static_cast<int64_t>(sizeof(T)), 0, seq_k);
+      QTile::template load<kShortThreads>(q_addr + buf * QTile::kBytes, q_rows(b, h), q_stride, m0, seq_q);
+      core::cp_async_commit();
+      // V^T, element by element from 16-byte rows of V (keys past seq_k: zeros, as P is 0 there
+      // and 0 * garbage could be NaN).
+      const T* v_src = static_cast<const T*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
+      for (int idx = t; idx < kKeys * (D / 8); idx += kShortThreads) {
+        const int key = idx / (D / 8), c = idx % (D / 8);
+        uint4 raw = make_uint4(0, 0, 0, 0);
+        if (key < seq_k) raw = *reinterpret_cast<const uint4*>(v_src + key * p.v_strides.seq + 8 * c);
+        const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          *reinterpret_cast<T*>(s_vt + VTile::offset(8 * c + e, key / 8) + (key % 8) * 2) = x[e];
+        }
+      }
+      if (!row_masks) {  // one bias per key (log2 units), -inf past seq_k
+        static_assert(kKeys == kShortThreads, "one key per thread");
+        const float* head_mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
+        bias[t] = t >= seq_k ? -INFINITY : head_mask != nullptr ? head_mask[t] * kLog2e : 0.0f;
+      }
+      kv_loaded = kv;
+      h_loaded = h;
+    }
+    const bool prefetch = i + 1 < end && nb * p.heads_kv + nh / group == kv &&
+                          (row_masks || p.mask == nullptr || p.mask_strides.head == 0 || nh == h);
+    if (prefetch) {
+      QTile::template load<kShortThreads>(q_addr + (buf ^ 1) * QTile::kBytes, q_rows(nb, nh), q_stride,
+                                          static_cast<int>(ntile) * kRowsPerConsumer, seq_q);
+    }
+    core::cp_async_commit();
+    core::cp_async_wait<1>();  // everything but the prefetch has landed
+    // (the generic-proxy stores of V^T and the async copies, seen by the wgmma's async proxy)
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();
+
+    // S = Q K^T: 64 rows x kKeys keys, element 4 j + e of a thread is row 16 warp + g + 8 (e / 2),
+    // key 8 j + 2 tig + e % 2 (the mma.sync kernels' layout, per warp).
+    float s[kKeys / 2];
+    const Desc<QTile> q_desc = Desc<QTile>::of(q_addr + buf * QTile::kBytes);
+    fence_operands(s);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int ks = 0; ks < kQKSteps; ++ks) {
+      mma_ss<QKMma<T, false, kKeys>>(q_desc.at(32 * ks), k_desc.at(32 * ks), s,
+                                     ks == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                                     std::make_index_sequence<kKeys / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_operands(s);
+
+    const int row_lo = m0 + 16 * warp + g;
+    float part_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
+    if (row_masks) {
+      const float* head_mask = p.mask + b * p.mask_strides.batch + h * p.mask_strides.head;
+      const float* mask[2] = {head_mask + min(row_lo, seq_q - 1) * p.mask_strides.seq,
+                              head_mask + min(row_lo + 8, seq_q - 1) * p.mask_strides.seq};
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = 8 * j + 2 * tig + e % 2;
+          float x = -INFINITY;
+          if (key < seq_k) x = fmaf(mask[e / 2][key], kLog2e, s[4 * j + e] * factor);
+          s[4 * j + e] = x;
+          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const float2 kb = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * tig);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = fmaf(s[4 * j + e], factor, e % 2 ? kb.y : kb.x);
+          s[4 * j + e] = x;
+          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
+        }
+      }
+    }
+    float row_max[2], part_sum[2][2] = {};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = fmaxf(part_max[r][0], part_max[r][1]);
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
+      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
+      if (row_max[r] == -INFINITY) row_max[r] = 0.0f;  // every key masked: exp2 gives 0, not NaN
+    }
+    uint32_t pa[kKeys / 16][4];
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[4 * j + e] = fast_exp2(s[4 * j + e] - row_max[e / 2]);
+        part_sum[e / 2][j % 2] += s[4 * j + e];
+      }
+      pa[j / 2][2 * (j % 2)] = core::pack2<T>(s[4 * j], s[4 * j + 1]);
+      pa[j / 2][2 * (j % 2) + 1] = core::pack2<T>(s[4 * j + 2], s[4 * j + 3]);
+    }
+
+    // O = P V: P from registers, V^T from shared memory.
+    float o[D / 2] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) fence_operands(pa[kk]);
+    fence_operands(o);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      mma_rs<PVMma<T, D>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<D / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    cute::warpgroup_wait<0>();
+    fence_operands(o);
+
+    // The rows, normalized, staged in this item's query tile (its wgmma reads are done), then
+    // out 16 bytes at a time; each warp its own 16 rows.
+    char* staged = s_q + buf * QTile::kBytes;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float total = part_sum[r][0] + part_sum[r][1];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
+#pragma unroll
+      for (int tt = 0; tt < D / 8; ++tt) {
+        const float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
+        const float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
+        *reinterpret_cast<uint32_t*>(staged + QTile::offset(16 * warp + g + 8 * r, tt) + 4 * tig) =
+            core::pack2<T>(x0, x1);
+      }
+    }
+    __syncwarp();
+    T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
+    constexpr int kChunks = QTile::kChunks, kRowStep = 32 / kChunks;
+#pragma unroll
+    for (int r = lane / kChunks; r < 16; r += kRowStep) {
+      const int row = 16 * warp + r;
+      if (m0 + row < seq_q) {
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + row) * p.out_strides.seq + 8 * (lane % kChunks)) =
+            *reinterpret_cast<const uint4*>(staged + QTile::offset(row, lane % kChunks));
+      }
+    }
+    __syncthreads();  // the staged rows are out before a later prefetch refills this tile
+    buf ^= 1;
+    b = nb, h = nh, tile = ntile;
+  }
+  core::cp_async_wait<0>();
+#endif
+}
+
 // V [keys, D] of one (batch, kv head) -> w.vt [D, v_keys], 64 keys per CTA through shared
 // memory; keys past the end are written as zeros (their P is 0, and 0 * garbage could be NaN).
 constexpr int kTransposeKeys = 64;
@@ -624,7 +837,32 @@ cudaError_t launch_dim(const AttentionParams& p, const AttentionWorkspace& w, cu
   return p.head_dim == 64 ? launch_typed<T, 64>(p, w, stream) : launch_typed<T, 128>(p, w, stream);
 }
 
+template <typename T, int D>
+cudaError_t launch_short_typed(const AttentionParams& p, cudaStream_t stream) {
+  constexpr int kSmem = 1024 /* base alignment */ + core::SmemTile<static_cast<int>(kShortMaxKeys), D * 2>::kBytes +
+                        core::SmemTile<D, static_cast<int>(kShortMaxKeys) * 2>::kBytes +
+                        2 * core::SmemTile<kRowsPerConsumer, D * 2>::kBytes + static_cast<int>(kShortMaxKeys) * 4;
+  int grid = 0;
+  if (const cudaError_t error = persistent_grid<attention_short_sm90_kernel<T, D>>(kShortThreads, kSmem, &grid);
+      error != cudaSuccess) {
+    return error;
+  }
+  const int64_t items = p.batch * p.heads_q * host_util::ceil_div(p.seq_q, kRowsPerConsumer);
+  const unsigned blocks = static_cast<unsigned>(items < grid ? items : grid);
+  attention_short_sm90_kernel<T, D><<<blocks, kShortThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t launch_short_hopper(const AttentionParams& p, cudaStream_t stream) {
+  if (!uses_short_kernel(p) || p.arch / 10 != 9) return cudaErrorInvalidValue;
+  if (p.dtype == DType::kBFloat16) {
+    return p.head_dim == 64 ? launch_short_typed<__nv_bfloat16, 64>(p, stream)
+                            : launch_short_typed<__nv_bfloat16, 128>(p, stream);
+  }
+  return p.head_dim == 64 ? launch_short_typed<__half, 64>(p, stream) : launch_short_typed<__half, 128>(p, stream);
+}
 
 cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
   if (!uses_hopper_kernel(p) || (p.seq_k > 0 && w.vt == nullptr)) return cudaErrorInvalidValue;

@@ -13,4 +13,7 @@ namespace ltx_kernels {
 // quantized into w. Requires uses_hopper_kernel(p).
 cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream);
 
+// The short-key kernel's Hopper form (uses_short_kernel(p), an sm_90 GPU); no workspace.
+cudaError_t launch_short_hopper(const AttentionParams& p, cudaStream_t stream);
+
 }  // namespace ltx_kernels

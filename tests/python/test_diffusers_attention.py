@@ -399,3 +399,32 @@ def test_cuda_torch_compile_fullgraph():
     compiled = torch.compile(model, fullgraph=True)(**kw)[0]
     assert rel_err(compiled, expected) <= TOLERANCE[torch.bfloat16]
 
+
+
+@cuda
+@torch.no_grad()
+def test_cuda_default_cross_attention_takes_the_short_key_kernel(monkeypatch):
+    """With no attention backend chosen, an injected LTX block's cross-attention (at most 128
+    text tokens) runs ltx_kernels.attention, no worse than stock against fp32, eager and under
+    fullgraph compile; another backend chosen with diffusers' API (here the active one) takes
+    the dispatcher again."""
+    reference = tiny_model("cuda", head_dim=64)
+    kw = step_kwargs(reference, "interpolation_scale", per_token=False)
+    expected = reference(**kw)[0]
+    kw = as_dtype(kw, torch.bfloat16)
+    model = bf16_copy(reference)
+    stock_err = rel_err(model(**kw)[0], expected)
+    lkd.inject(model)
+    calls = []
+    attention = ltx_kernels.ops.attention
+    monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
+    assert len(calls) == len(model.transformer_blocks)  # one cross-attention per block
+    with attention_backend("_native_cudnn"):  # a backend chosen: the dispatcher
+        calls.clear()
+        model(**kw)
+        assert not calls
+    monkeypatch.setattr(ltx_kernels.ops, "attention", attention)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)(**kw)[0]
+    assert rel_err(compiled, expected) <= SLACK * stock_err

@@ -30,6 +30,8 @@ from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
+# Keys up to which ltx_kernels.attention takes its short-key kernel (kShortMaxKeys).
+SHORT_KEYS = 128
 _CROSS_ATTN_KIND = "LTXAttention cross-attention (rms_norm q/k, mask broadcast over heads)"
 _MODEL_KIND = "LTXVideoTransformer3DModel (in-kernel RoPE angles, adaln_layer_norm output)"
 _MODEL_ARGS = [
@@ -105,17 +107,30 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
             lambda: _rope(attn.norm_q(query), attn.norm_k(key), image_rotary_emb),
         )
 
-        hidden_states = dispatch_attention_fn(
-            query.unflatten(2, (attn.heads, -1)),
-            key.unflatten(2, (attn.heads, -1)),
-            value.unflatten(2, (attn.heads, -1)),
-            attn_mask=attention_mask,
-            dropout_p=0.0,
-            is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config,
-        )
+        query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
+        if encoder_hidden_states is not None and self._takes_short_kernel(query, key):
+            hidden_states = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                          attn_mask=attention_mask).transpose(1, 2)
+        else:
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config,
+            )
         return hidden_states.flatten(2, 3).to(query.dtype)
+
+    def _takes_short_kernel(self, query: torch.Tensor, key: torch.Tensor) -> bool:
+        """Whether a cross-attention ([B, S, H, D] query, key) runs ``ltx_kernels.attention``
+        (exact; its short-key kernel: at most 128 keys, LTX's text) instead of diffusers'
+        dispatcher: where no backend was chosen (neither this processor's nor an active one other
+        than diffusers' default, the native SDPA) nor context parallelism, on a GPU the kernel
+        takes."""
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        return (self._attention_backend is None and self._parallel_config is None
+                and _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
+                and query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)
+                and key.size(1) <= SHORT_KEYS and query.size(-1) in (64, 128)
+                and torch.cuda.get_device_capability(query.device) >= (8, 0))
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
