@@ -7,6 +7,10 @@
 //   kGeluAndMul      out = gelu(a) * b            (exact GELU, erf)
 //   kSiluAndMul      out = silu(a) * b
 //   kGatedResidual   out = a + b [* gate]         (gate broadcast over rows, absent = 1)
+// and the backward of the activations, from grad (d loss / d out of the forward) and the
+// forward's inputs (the activation is recomputed from a, not saved):
+//   kGeluTanhBackward        out = grad * gelu_tanh'(a)
+//   k<Act>AndMulBackward     out = grad * b * act'(a) (d / d a), out_b = grad * act(a) (d / d b)
 #pragma once
 
 #include <cstdint>
@@ -25,7 +29,18 @@ enum class ElementwiseOp : int32_t {
   kGeluAndMul = 2,
   kSiluAndMul = 3,
   kGatedResidual = 4,
+  kGeluTanhBackward = 5,
+  kGeluTanhAndMulBackward = 6,
+  kGeluAndMulBackward = 7,
+  kSiluAndMulBackward = 8,
 };
+
+constexpr bool is_backward(ElementwiseOp op) { return op >= ElementwiseOp::kGeluTanhBackward; }
+// Whether the op reads b (every op but GELU-tanh and its backward) and writes out_b.
+constexpr bool has_b(ElementwiseOp op) {
+  return op != ElementwiseOp::kGeluTanh && op != ElementwiseOp::kGeluTanhBackward;
+}
+constexpr bool has_out_b(ElementwiseOp op) { return is_backward(op) && has_b(op); }
 
 struct ElementwiseParams {
   ElementwiseOp op = ElementwiseOp::kGeluTanh;
@@ -35,8 +50,10 @@ struct ElementwiseParams {
 
   const void* a = nullptr;  // [rows, cols]
   int64_t a_row_stride = 0;
-  const void* b = nullptr;  // [rows, cols]; every op but kGeluTanh
+  const void* b = nullptr;  // [rows, cols]; every op but kGeluTanh and its backward
   int64_t b_row_stride = 0;
+  const void* grad = nullptr;  // [rows, cols]; the backward ops
+  int64_t grad_row_stride = 0;
 
   // kGatedResidual only, optional; rows are seen as [rows / tokens, tokens] (types.h).
   int64_t tokens = 1;
@@ -44,6 +61,8 @@ struct ElementwiseParams {
 
   void* out = nullptr;  // [rows, cols]
   int64_t out_row_stride = 0;
+  void* out_b = nullptr;  // [rows, cols]; the *AndMulBackward ops (b's gradient)
+  int64_t out_b_row_stride = 0;
 };
 
 ValidationError validate(const ElementwiseParams& p);

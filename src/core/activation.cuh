@@ -38,4 +38,42 @@ __device__ __forceinline__ float gelu(float x) {
 
 __device__ __forceinline__ float silu(float x) { return x_sigmoid(x, x); }
 
+// An activation of the form x * sigmoid(z(x)) or x * Phi(x), and its derivative, for the
+// backward kernels (the value is the gradient of the other factor of a GLU).
+struct ValueAndSlope {
+  float value, slope;
+};
+
+// x * s and d/dx = s + x s (1 - s) z'(x), with s = sigmoid(z) and 1 - s both formed from
+// h^2 = e^-|z| (as in x_sigmoid): whichever is small is h^2 / (1 + h^2), never 1 - (~1),
+// so neither cancels, and both are 0 / 1 rather than NaN once e^-|z| underflows. dz = z'(x).
+__device__ __forceinline__ ValueAndSlope x_sigmoid_and_slope(float x, float z, float dz) {
+  const float h = __expf(-0.5f * fabsf(z));
+  const float q = h * h;
+  const float big = __fdividef(1.0f, 1.0f + q);
+  const float small = q * big;
+  const float s = z >= 0.0f ? big : small;
+  const float one_minus_s = z >= 0.0f ? small : big;
+  // Past |x| ~ 1.8e19 GELU's dz overflows where s (1 - s) is already 0: 0 * inf must not
+  // turn the slope (s) into NaN.
+  const float t = x * s * one_minus_s;
+  return {x * s, t == 0.0f ? s : fmaf(t, dz, s)};
+}
+
+__device__ __forceinline__ ValueAndSlope gelu_tanh_and_slope(float x) {
+  constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
+  constexpr float kC = 0.044715f;
+  const float x2 = x * x;
+  return x_sigmoid_and_slope(x, kTwoSqrt2OverPi * fmaf(kC * x2, x, x), kTwoSqrt2OverPi * fmaf(3.0f * kC, x2, 1.0f));
+}
+
+// Phi(x) + x phi(x), phi the standard normal density.
+__device__ __forceinline__ ValueAndSlope gelu_and_slope(float x) {
+  constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+  const float phi_cdf = 0.5f * erfcf(-x * 0.7071067811865476f);
+  return {x * phi_cdf, fmaf(x * kInvSqrt2Pi, __expf(-0.5f * x * x), phi_cdf)};
+}
+
+__device__ __forceinline__ ValueAndSlope silu_and_slope(float x) { return x_sigmoid_and_slope(x, x, 1.0f); }
+
 }  // namespace ltx_kernels::core

@@ -21,10 +21,11 @@ constexpr int kThreads = 256;
 // Two rows' loads in flight per thread, at <= 64 registers so that 4 blocks (a full SM of
 // threads) stay resident: holding 4 rows took up to 128 registers and ran at 50-80%.
 constexpr int kRowsPerThread = 2;
-// The gated residual also holds a gate vector per row: 3 blocks (85 registers) spare it
-// the spill that 64 registers cause in bf16.
+// The gated residual also holds a gate vector per row, the backward ops a gradient vector
+// (and write two outputs): 3 blocks (85 registers) spare them the spill that 64 registers
+// cause in bf16.
 template <ElementwiseOp OP>
-constexpr int kMinBlocksPerSm = OP == ElementwiseOp::kGatedResidual ? 3 : 4;
+constexpr int kMinBlocksPerSm = OP == ElementwiseOp::kGatedResidual || is_backward(OP) ? 3 : 4;
 constexpr unsigned kMaxGridY = 65535;
 
 template <ElementwiseOp OP>
@@ -36,17 +37,30 @@ __device__ __forceinline__ float apply(float a, float b, float gate) {
   if constexpr (OP == ElementwiseOp::kGatedResidual) return fmaf(b, gate, a);
 }
 
+// The activation of a backward op, with its derivative.
+template <ElementwiseOp OP>
+__device__ __forceinline__ core::ValueAndSlope activation_and_slope(float a) {
+  if constexpr (OP == ElementwiseOp::kGeluAndMulBackward) return core::gelu_and_slope(a);
+  if constexpr (OP == ElementwiseOp::kSiluAndMulBackward) return core::silu_and_slope(a);
+  if constexpr (OP == ElementwiseOp::kGeluTanhBackward || OP == ElementwiseOp::kGeluTanhAndMulBackward)
+    return core::gelu_tanh_and_slope(a);
+}
+
 template <typename T, int N, ElementwiseOp OP>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<OP>) elementwise_kernel(const ElementwiseParams p) {
-  constexpr bool kHasB = OP != ElementwiseOp::kGeluTanh;
+  constexpr bool kHasB = has_b(OP);
   constexpr bool kHasGate = OP == ElementwiseOp::kGatedResidual;
+  constexpr bool kBackward = is_backward(OP);
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * N;
   if (col >= p.cols) return;
   const T* a = static_cast<const T*>(p.a);
   const T* b = static_cast<const T*>(p.b);
+  const T* grad = static_cast<const T*>(p.grad);
   T* out = static_cast<T*>(p.out);
+  T* out_b = static_cast<T*>(p.out_b);
   for (int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerThread; row0 < p.rows;
        row0 += static_cast<int64_t>(gridDim.y) * kRowsPerThread) {
+    // gv holds the gate (gated residual) or the incoming gradient (backward ops).
     Vec<T, N> av[kRowsPerThread], bv[kRowsPerThread], gv[kRowsPerThread];
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
@@ -58,6 +72,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<OP>) elementwise_ker
         const T* gate = core::row_vector<T>(p.gate, row, p.tokens);
         gv[i] = gate ? core::load_cached<T, N>(gate + col) : Vec<T, N>{};
       }
+      if constexpr (kBackward) gv[i] = core::load_stream<T, N>(grad + row * p.grad_row_stride + col);
     }
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
@@ -74,10 +89,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<OP>) elementwise_ker
           for (int j = 0; j < N; ++j) gf.v[j] = 1.0f;
         }
       }
-      Floats<N> y;
+      if constexpr (kBackward) {
+        gf = core::widen(gv[i]);
+        Floats<N> da, db;
 #pragma unroll
-      for (int j = 0; j < N; ++j) y.v[j] = apply<OP>(af.v[j], bf.v[j], gf.v[j]);
-      core::store(out + row * p.out_row_stride + col, core::narrow<T>(y));
+        for (int j = 0; j < N; ++j) {
+          const core::ValueAndSlope act = activation_and_slope<OP>(af.v[j]);
+          da.v[j] = kHasB ? gf.v[j] * bf.v[j] * act.slope : gf.v[j] * act.slope;
+          db.v[j] = gf.v[j] * act.value;
+        }
+        core::store(out + row * p.out_row_stride + col, core::narrow<T>(da));
+        if constexpr (kHasB) core::store(out_b + row * p.out_b_row_stride + col, core::narrow<T>(db));
+      } else {
+        Floats<N> y;
+#pragma unroll
+        for (int j = 0; j < N; ++j) y.v[j] = apply<OP>(af.v[j], bf.v[j], gf.v[j]);
+        core::store(out + row * p.out_row_stride + col, core::narrow<T>(y));
+      }
     }
   }
 }
@@ -105,6 +133,18 @@ cudaError_t launch_vec(const ElementwiseParams& p, cudaStream_t stream) {
       break;
     case ElementwiseOp::kGatedResidual:
       elementwise_kernel<T, N, ElementwiseOp::kGatedResidual><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGeluTanhBackward:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluTanhBackward><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGeluTanhAndMulBackward:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluTanhAndMulBackward><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kGeluAndMulBackward:
+      elementwise_kernel<T, N, ElementwiseOp::kGeluAndMulBackward><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case ElementwiseOp::kSiluAndMulBackward:
+      elementwise_kernel<T, N, ElementwiseOp::kSiluAndMulBackward><<<grid, kThreads, 0, stream>>>(p);
       break;
   }
   return cudaGetLastError();

@@ -141,6 +141,10 @@ Rows as_rows(const at::Tensor& t) {
   return r;
 }
 
+at::Tensor last_dim_contiguous(const at::Tensor& grad) {
+  return grad.dim() == 0 || grad.sym_size(-1) <= 1 || grad.sym_stride(-1) == 1 ? grad : grad.contiguous();
+}
+
 int64_t batches_of(const at::Tensor& x) { return x.dim() >= 3 ? x.size(0) : 1; }
 
 void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& x) {

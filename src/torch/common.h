@@ -61,6 +61,10 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
 // do not collapse into one row stride.
 Rows as_rows(const at::Tensor& t);
 
+// The gradient of an output as a backward op's kernel reads it (a contiguous last dim):
+// autograd may pass an expanded view, e.g. y.sum()'s gradient has stride 0 everywhere.
+at::Tensor last_dim_contiguous(const at::Tensor& grad);
+
 // t itself when its data pointer and every stride (in bytes) are multiples of 16 and its last
 // dim is contiguous, as kernels (and cuBLASLt) that move rows 16 bytes at a time need; else a
 // fresh contiguous copy. Not contiguous(), which returns a misaligned view as it is (an odd

@@ -1,5 +1,6 @@
 // torch bindings of the elementwise family: gelu_tanh, the gated activations (two-input
-// *_and_mul forms and the concatenated geglu / swiglu) and gated_residual.
+// *_and_mul forms and the concatenated geglu / swiglu), gated_residual, and the backward ops
+// of the activations.
 #include "torch/registration.h"
 
 #include "ltx_kernels/elementwise.h"
@@ -151,6 +152,109 @@ at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTen
   return out;
 }
 
+// The backward ops of the activations (autograd.cpp's `<op>_backward`): the forward's inputs
+// and grad_out (d loss / d out) in, one gradient per input out, the activation recomputed.
+ElementwiseParams backward_params(ElementwiseOp op, const Rows& a, const Rows* b, const Rows& grad, at::Tensor& out,
+                                  int64_t out_row_stride) {
+  ElementwiseParams p = make_params(op, a, b, out);
+  p.out_row_stride = out_row_stride;
+  p.grad = grad.tensor.const_data_ptr();
+  p.grad_row_stride = grad.row_stride;
+  return p;
+}
+
+at::Tensor gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x) {
+  check_activation(x, "x");
+  const at::Tensor g = last_dim_contiguous(grad_out);
+  check_like(g, "grad_out", x, "x");
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  const Rows x_rows = as_rows(x);
+  if (x_rows.rows == 0 || x_rows.cols == 0) return grad_x;
+  const Rows g_rows = as_rows(g);
+  run(backward_params(ElementwiseOp::kGeluTanhBackward, x_rows, nullptr, g_rows, grad_x, x_rows.cols), x,
+      "gelu_tanh_backward");
+  return grad_x;
+}
+
+std::tuple<at::Tensor, at::Tensor> and_mul_backward(const char* name, ElementwiseOp op, const at::Tensor& grad_out,
+                                                    const at::Tensor& a, const at::Tensor& b) {
+  check_activation(a, "a");
+  check_like(b, "b", a, "a");
+  const at::Tensor g = last_dim_contiguous(grad_out);
+  check_like(g, "grad_out", a, "a");
+  at::Tensor grad_a = at::empty(a.sizes(), a.options());
+  at::Tensor grad_b = at::empty(b.sizes(), b.options());
+  const Rows a_rows = as_rows(a);
+  if (a_rows.rows == 0 || a_rows.cols == 0) return {grad_a, grad_b};
+  const Rows b_rows = as_rows(b);
+  const Rows g_rows = as_rows(g);
+  ElementwiseParams p = backward_params(op, a_rows, &b_rows, g_rows, grad_a, a_rows.cols);
+  p.out_b = grad_b.mutable_data_ptr();
+  p.out_b_row_stride = a_rows.cols;
+  run(p, a, name);
+  return {grad_a, grad_b};
+}
+
+std::tuple<at::Tensor, at::Tensor> gelu_tanh_and_mul_backward(const at::Tensor& grad_out, const at::Tensor& a,
+                                                              const at::Tensor& b) {
+  return and_mul_backward("gelu_tanh_and_mul_backward", ElementwiseOp::kGeluTanhAndMulBackward, grad_out, a, b);
+}
+
+std::tuple<at::Tensor, at::Tensor> gelu_and_mul_backward(const at::Tensor& grad_out, const at::Tensor& a,
+                                                         const at::Tensor& b) {
+  return and_mul_backward("gelu_and_mul_backward", ElementwiseOp::kGeluAndMulBackward, grad_out, a, b);
+}
+
+std::tuple<at::Tensor, at::Tensor> silu_and_mul_backward(const at::Tensor& grad_out, const at::Tensor& a,
+                                                         const at::Tensor& b) {
+  return and_mul_backward("silu_and_mul_backward", ElementwiseOp::kSiluAndMulBackward, grad_out, a, b);
+}
+
+// The backward op of a gated activation over [a | b] (ElementwiseOp of the forward).
+ElementwiseOp backward_of(ElementwiseOp op) {
+  switch (op) {
+    case ElementwiseOp::kGeluTanhAndMul: return ElementwiseOp::kGeluTanhAndMulBackward;
+    case ElementwiseOp::kGeluAndMul: return ElementwiseOp::kGeluAndMulBackward;
+    default: return ElementwiseOp::kSiluAndMulBackward;
+  }
+}
+
+void check_grad_of_concatenated(const at::Tensor& grad_out, const at::Tensor& x) {
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == x.scalar_type(), "grad_out must have the dtype of x (",
+                   x.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.device() == x.device(), "grad_out must be on the device of x (",
+                    device_str(x.device()), "), got ", device_str(grad_out.device()));
+  const c10::SymDimVector shape = half_shape(x);
+  TORCH_CHECK_VALUE(grad_out.sym_sizes() == c10::SymIntArrayRef(shape), "grad_out must have shape ",
+                    dims_str(shape), " (x's with the last dim halved), got ", dims_str(grad_out.sym_sizes()));
+}
+
+// x = [a | b]: the two halves' gradients side by side in one tensor of x's shape.
+at::Tensor concatenated_backward(const char* name, ElementwiseOp op, const at::Tensor& grad_out, const at::Tensor& x) {
+  check_concatenated(x, name);
+  const at::Tensor g = last_dim_contiguous(grad_out);
+  check_grad_of_concatenated(g, x);
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  const int64_t h = x.size(-1) / 2;
+  const Rows a_rows = as_rows(x.narrow(-1, 0, h));
+  if (a_rows.rows == 0 || a_rows.cols == 0) return grad_x;
+  const Rows b_rows = as_rows(x.narrow(-1, h, h));
+  const Rows g_rows = as_rows(g);
+  ElementwiseParams p = backward_params(backward_of(op), a_rows, &b_rows, g_rows, grad_x, 2 * h);
+  p.out_b = static_cast<char*>(grad_x.mutable_data_ptr()) + h * grad_x.element_size();
+  p.out_b_row_stride = 2 * h;
+  run(p, x, name);
+  return grad_x;
+}
+
+at::Tensor geglu_backward(const at::Tensor& grad_out, const at::Tensor& x, c10::string_view approximate) {
+  return concatenated_backward("geglu_backward", gelu_op(approximate), grad_out, x);
+}
+
+at::Tensor swiglu_backward(const at::Tensor& grad_out, const at::Tensor& x) {
+  return concatenated_backward("swiglu_backward", ElementwiseOp::kSiluAndMul, grad_out, x);
+}
+
 // Meta (fake) implementations: same checks, outputs of the right shape, no data.
 at::Tensor like_meta(const at::Tensor& x) { return at::empty_symint(x.sym_sizes(), x.options()); }
 
@@ -192,6 +296,33 @@ at::Tensor gated_residual_meta(const at::Tensor& x, const at::Tensor& y, const O
   return like_meta(x);
 }
 
+at::Tensor gelu_tanh_backward_meta(const at::Tensor& grad_out, const at::Tensor& x) {
+  check_activation(x, "x");
+  check_like(last_dim_contiguous(grad_out), "grad_out", x, "x");
+  return like_meta(x);
+}
+
+std::tuple<at::Tensor, at::Tensor> and_mul_backward_meta(const at::Tensor& grad_out, const at::Tensor& a,
+                                                         const at::Tensor& b) {
+  check_activation(a, "a");
+  check_like(b, "b", a, "a");
+  check_like(last_dim_contiguous(grad_out), "grad_out", a, "a");
+  return {like_meta(a), like_meta(b)};
+}
+
+at::Tensor geglu_backward_meta(const at::Tensor& grad_out, const at::Tensor& x, c10::string_view approximate) {
+  check_concatenated(x, "geglu_backward");
+  gelu_op(approximate);
+  check_grad_of_concatenated(grad_out, x);
+  return like_meta(x);
+}
+
+at::Tensor swiglu_backward_meta(const at::Tensor& grad_out, const at::Tensor& x) {
+  check_concatenated(x, "swiglu_backward");
+  check_grad_of_concatenated(grad_out, x);
+  return like_meta(x);
+}
+
 void register_impls(torch::Library& m) {
   m.impl("gelu_tanh", &gelu_tanh);
   m.impl("gelu_tanh_and_mul", &gelu_tanh_and_mul);
@@ -202,6 +333,12 @@ void register_impls(torch::Library& m) {
   m.impl("swiglu", &swiglu);
   m.impl("swiglu.out", &swiglu_out);
   m.impl("gated_residual", &gated_residual);
+  m.impl("gelu_tanh_backward", &gelu_tanh_backward);
+  m.impl("gelu_tanh_and_mul_backward", &gelu_tanh_and_mul_backward);
+  m.impl("gelu_and_mul_backward", &gelu_and_mul_backward);
+  m.impl("silu_and_mul_backward", &silu_and_mul_backward);
+  m.impl("geglu_backward", &geglu_backward);
+  m.impl("swiglu_backward", &swiglu_backward);
 }
 
 }  // namespace
@@ -222,6 +359,12 @@ LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("swiglu", &swiglu_meta);
   m.impl("swiglu.out", &swiglu_out_meta);
   m.impl("gated_residual", &gated_residual_meta);
+  m.impl("gelu_tanh_backward", &gelu_tanh_backward_meta);
+  m.impl("gelu_tanh_and_mul_backward", &and_mul_backward_meta);
+  m.impl("gelu_and_mul_backward", &and_mul_backward_meta);
+  m.impl("silu_and_mul_backward", &and_mul_backward_meta);
+  m.impl("geglu_backward", &geglu_backward_meta);
+  m.impl("swiglu_backward", &swiglu_backward_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICES, DTYPES, assert_close, rel_err
-from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
+from conftest import DEVICES, DTYPES, activation_scale, assert_close, rel_err
+from test_elementwise import TAIL, gelu_formula, gelu_tanh_formula, silu_formula
 from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula, rotate_interleaved
 
 ops = torch.ops.ltx_kernels
@@ -204,6 +204,94 @@ def test_activations(device, dtype, d, name):
             return ops.swiglu(x) if name == "swiglu" else ops.geglu(x, name.split("_")[1])
 
         check_grads(ours, lambda x: act(x[..., :d]) * x[..., d:], [x], [xv], dtype)
+
+
+# Activations in fp64 whose autograd stays finite at any input: x * sigmoid(z) rather than
+# x / (1 + exp(-z)), whose derivative is inf / inf once exp(-z) overflows (z < -709).
+def gelu_tanh_stable(x):
+    return x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))
+
+
+def silu_stable(x):
+    return x * torch.sigmoid(x)
+
+
+# The activations' backward ops, called as autograd calls them: (op, activation formula, form),
+# form "x" (gelu_tanh: grad of x), "a, b" (the *_and_mul ops: grads of a and b) or "[a | b]"
+# (geglu / swiglu: one gradient of the concatenated x).
+ACTIVATION_BACKWARDS = [
+    ("gelu_tanh_backward", gelu_tanh_stable, "x", ()),
+    ("gelu_tanh_and_mul_backward", gelu_tanh_stable, "a, b", ()),
+    ("gelu_and_mul_backward", gelu_formula, "a, b", ()),
+    ("silu_and_mul_backward", silu_stable, "a, b", ()),
+    ("geglu_backward", gelu_tanh_stable, "[a | b]", ("tanh",)),
+    ("geglu_backward", gelu_formula, "[a | b]", ("none",)),
+    ("swiglu_backward", silu_stable, "[a | b]", ()),
+]
+BACKWARD_IDS = [f"{n}{'-' + e[0] if e else ''}" for n, _, _, e in ACTIVATION_BACKWARDS]
+
+
+def activation_backward_case(name, act, form, extra, a, b, grad):
+    """The op's gradients for activation input a, multiplier b and grad_out, and fp64 autograd's
+    of act(a) * b (act(a) for gelu_tanh) on the same values."""
+    op = getattr(ops, name)
+    a64, b64 = (t.detach().double().cpu().requires_grad_() for t in (a, b))
+    ref = act(a64) if form == "x" else act(a64) * b64
+    ref_grads = torch.autograd.grad(ref, [a64] if form == "x" else [a64, b64], grad.double().cpu())
+    if form == "x":
+        return (op(grad, a, *extra),), ref_grads
+    if form == "a, b":
+        return op(grad, a, b, *extra), ref_grads
+    return op(grad, torch.cat([a, b], -1), *extra).chunk(2, -1), ref_grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("grad_kind", ["dense", "row_broadcast", "sum"])
+@pytest.mark.parametrize("name, act, form, extra", ACTIVATION_BACKWARDS, ids=BACKWARD_IDS)
+def test_activation_backward_ops(device, dtype, grad_kind, name, act, form, extra):
+    """Odd width, row-strided inputs, the far negative tail (test_elementwise.TAIL, but -1e4:
+    the huge-input test has it) and the gradient layouts autograd passes: dense, one row
+    broadcast over rows, and y.sum()'s scalar expanded to every element (stride 0 in every dim)."""
+    d = 77
+    tail = [t for t in TAIL if t > -1e3]
+    a = torch.cat([torch.tensor(tail), torch.randn(3 * d - len(tail)) * 3]).reshape(3, d)
+    a = torch.cat([a, torch.zeros(3, 5)], -1).to(dtype).to(device)[:, :d]  # row stride d + 5
+    b = torch.randn(3, d, device=device).to(dtype)
+    grad = {"dense": lambda: torch.randn(3, d), "row_broadcast": lambda: torch.randn(d).expand(3, d),
+            "sum": lambda: torch.ones(()).expand(3, d)}[grad_kind]().to(dtype).to(device)
+    grads, ref_grads = activation_backward_case(name, act, form, extra, a, b, grad)
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == dtype
+        assert_close(g, r, dtype, scale=activation_scale(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name, act, form, extra", ACTIVATION_BACKWARDS, ids=BACKWARD_IDS)
+def test_activation_backward_at_huge_inputs(device, dtype, name, act, form, extra):
+    """|a| up to the dtype's largest finite value: the activation's slope is exactly 0 or 1
+    there (GELU-tanh's cubic overflows fp32 from |a| ~ 1.8e19 on; 0 * inf must not be NaN)."""
+    big = torch.finfo(dtype).max
+    values = [1e4, 3e4, big / 2, big] if dtype != torch.float32 else [1e4, 1e19, 1e30, big]
+    a = torch.tensor(values + [-v for v in values], dtype=dtype, device=device)[None]
+    b = torch.full_like(a, 0.5)
+    grad = torch.full_like(a, 0.25)
+    grads, ref_grads = activation_backward_case(name, act, form, extra, a, b, grad)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double().cpu(), r.to(dtype).double(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name, act, form, extra", ACTIVATION_BACKWARDS, ids=BACKWARD_IDS)
+def test_activation_backward_op_checks(name, act, form, extra):
+    """torch.library's checks of the backward ops themselves (Meta, fake tensors, schema), and
+    a grad_out of the wrong shape named in a clear error."""
+    a, b = torch.randn(3, 8), torch.randn(3, 8)
+    x = a if form == "x" else (a, b) if form == "a, b" else (torch.cat([a, b], -1),)
+    args = (torch.randn(3, 8), *(x if isinstance(x, tuple) else (x,)), *extra)
+    torch.library.opcheck(getattr(ops, name).default, args)
+    with pytest.raises(ValueError, match="grad_out must have"):
+        getattr(ops, name)(torch.randn(3, 9), *args[1:])
 
 
 @pytest.mark.parametrize("device", DEVICES)
