@@ -100,6 +100,19 @@ void check_core(const Params& p, const char* op) {
   if (ValidationError error = validate(p)) TORCH_CHECK_VALUE(false, op, ": ", error);
 }
 
+#ifdef LTX_KERNELS_WITH_CUDA
+// Runs the op's CUDA launcher (overloaded on the params type) on x's device and current stream.
+template <typename Params>
+void run_cuda(const Params& p, const at::Tensor& x, const char* op) {
+  if (x.scalar_type() == at::kBFloat16) {
+    check_compute_capability(x, 80, op, "has no bfloat16 arithmetic (Ampere and newer have it): use float16 or float32");
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t error = launch(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
+  TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));
+}
+#endif
+
 // Runs the op's CPU reference for CPU tensors, or its CUDA launcher on x's device and
 // current stream. `launch` and `reference` are overloaded on the params type.
 template <typename Params>
@@ -110,12 +123,7 @@ void run(const Params& p, const at::Tensor& x, const char* op) {
     return;
   }
 #ifdef LTX_KERNELS_WITH_CUDA
-  if (x.scalar_type() == at::kBFloat16) {
-    check_compute_capability(x, 80, op, "has no bfloat16 arithmetic (Ampere and newer have it): use float16 or float32");
-  }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaError_t error = launch(p, c10::cuda::getCurrentCUDAStream(x.device().index()));
-  TORCH_CHECK(error == cudaSuccess, op, ": CUDA launch failed: ", cudaGetErrorString(error));
+  run_cuda(p, x, op);
 #else
   TORCH_CHECK(false, op, ": ltx_kernels was built without CUDA support; got a non-CPU tensor");
 #endif

@@ -3,10 +3,21 @@
 // an absent optional one. The row statistics are recomputed from x (one reduction) rather
 // than saved.
 //
-// Written with ATen ops, so one implementation serves CPU, CUDA and Meta (torch.compile) and
-// is the reference the fused CUDA backward kernels will be tested against.
+// Written with ATen ops, so one implementation serves CPU, CUDA and Meta (torch.compile).
+// On CUDA, rms_norm, fused_add_rms_norm and layer_norm run the fused kernel instead
+// (ltx_kernels/norm_backward.h), whenever its form applies: grad_out in x's dtype and a row
+// that fits in registers (see fused_supported); the composition otherwise.
 #include "torch/backward.h"
 #include "torch/registration.h"
+
+#ifdef LTX_KERNELS_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include <algorithm>
+
+#include "ltx_kernels/norm_backward.h"
+#include "torch/common.h"
+#endif
 
 namespace ltx_kernels::torch_ext {
 namespace {
@@ -115,6 +126,107 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
           gate ? reduce_like(d * f32(y), *gate) : none_grad(x), dscale, dshift, dw};
 }
 
+#ifdef LTX_KERNELS_WITH_CUDA
+// The fused kernel's gradients of a norm: dx (written twice with `two_outputs`, for x and
+// residual), dw and dbias from per-block fp32 partial sums, each rounded once.
+struct FusedGrads {
+  at::Tensor dx, d_residual, dweight, dbias;
+};
+
+// The kernel's params for these arguments (pointers unset), or nullopt when the kernel does
+// not take them: grad_out in another dtype (a float32 out of a 16-bit x), or a row too long.
+std::optional<NormBackwardParams> fused_form(NormType type, const at::Tensor& grad_out, const at::Tensor& x,
+                                             double eps, double weight_offset) {
+  if (grad_out.scalar_type() != x.scalar_type() || grad_out.sizes() != x.sizes() || x.dim() == 0) return std::nullopt;
+  NormBackwardParams p;
+  p.type = type;
+  p.dtype = to_dtype(x.scalar_type());
+  p.cols = x.size(-1);
+  p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
+  p.eps = static_cast<float>(eps);
+  p.weight_offset = static_cast<float>(weight_offset);
+  if (!norm_backward_supported(p)) return std::nullopt;  // (the vector width is rechecked at launch)
+  return p;
+}
+
+FusedGrads fused_norm_backward(NormBackwardParams p, const char* op, const at::Tensor& grad_out, const at::Tensor& x,
+                               const at::Tensor* residual, const at::Tensor* grad_new_residual,
+                               const OptTensor& weight, const OptTensor& bias) {
+  FusedGrads g;
+  g.dx = at::empty(x.sizes(), x.options());
+  if (residual) g.d_residual = at::empty(x.sizes(), x.options());
+  g.dweight = weight ? at::zeros(weight->sizes(), weight->options()) : none_grad(x);
+  g.dbias = bias ? at::zeros(bias->sizes(), bias->options()) : none_grad(x);
+  if (p.rows == 0 || p.cols == 0) return g;
+  const Rows x_rows = as_rows(x), dy_rows = as_rows(last_dim_contiguous(grad_out));
+  p.x = x_rows.tensor.const_data_ptr();
+  p.x_row_stride = x_rows.row_stride;
+  p.grad_out = dy_rows.tensor.const_data_ptr();
+  p.grad_out_row_stride = dy_rows.row_stride;
+  Rows res_rows, gnr_rows;
+  if (residual) {
+    res_rows = as_rows(*residual);
+    p.residual = res_rows.tensor.const_data_ptr();
+    p.residual_row_stride = res_rows.row_stride;
+    gnr_rows = as_rows(last_dim_contiguous(*grad_new_residual));
+    p.grad_new_residual = gnr_rows.tensor.const_data_ptr();
+    p.grad_new_residual_row_stride = gnr_rows.row_stride;
+    p.out_b = g.d_residual.mutable_data_ptr();
+    p.out_b_row_stride = p.cols;
+  }
+  p.out = g.dx.mutable_data_ptr();
+  p.out_row_stride = p.cols;
+  // Two blocks an SM, each summing its rows' dw / dbias in fp32; their partial rows summed once.
+  const int64_t sms = at::cuda::getDeviceProperties(x.device().index())->multiProcessorCount;
+  p.blocks = std::max<int64_t>(1, std::min(p.rows, 2 * sms));
+  const at::Tensor w32 = weight ? weight->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor dw_partial, db_partial;
+  if (weight) {
+    p.weight = w32.const_data_ptr<float>();
+    dw_partial = at::empty({p.blocks, p.cols}, x.options().dtype(at::kFloat));
+    p.dweight_partial = dw_partial.mutable_data_ptr<float>();
+  }
+  if (bias) {
+    db_partial = at::empty({p.blocks, p.cols}, x.options().dtype(at::kFloat));
+    p.dbias_partial = db_partial.mutable_data_ptr<float>();
+  }
+  check_core(p, op);
+  run_cuda(p, x, op);
+  if (weight) g.dweight = dw_partial.sum(0).to(weight->scalar_type()).view(weight->sizes());
+  if (bias) g.dbias = db_partial.sum(0).to(bias->scalar_type()).view(bias->sizes());
+  return g;
+}
+
+Grads2 rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
+                              double weight_offset, std::optional<at::ScalarType> out_dtype) {
+  const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
+  if (!p) return rms_norm_backward(grad_out, x, weight, eps, weight_offset, out_dtype);
+  const FusedGrads g = fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, nullptr, weight, std::nullopt);
+  return {g.dx, g.dweight};
+}
+
+Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
+                                const OptTensor& bias, double eps) {
+  const auto p = fused_form(NormType::kLayer, grad_out, x, eps, 0.0);
+  if (!p) return layer_norm_backward(grad_out, x, weight, bias, eps);
+  const FusedGrads g = fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, nullptr, weight, bias);
+  return {g.dx, g.dweight, g.dbias};
+}
+
+Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
+                                        const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
+                                        double eps, double weight_offset) {
+  const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
+  if (!p || residual.scalar_type() != x.scalar_type() || residual.sizes() != x.sizes() ||
+      grad_new_residual.scalar_type() != x.scalar_type() || grad_new_residual.sizes() != x.sizes()) {
+    return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset);
+  }
+  const FusedGrads g = fused_norm_backward(*p, "fused_add_rms_norm_backward", grad_out, x, &residual,
+                                           &grad_new_residual, weight, std::nullopt);
+  return {g.dx, g.d_residual, g.dweight};
+}
+#endif
+
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
@@ -125,5 +237,13 @@ LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
   m.impl("adaln_layer_norm_backward", &adaln_layer_norm_backward);
   m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward);
 }
+
+#ifdef LTX_KERNELS_WITH_CUDA
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("rms_norm_backward", &rms_norm_backward_cuda);
+  m.impl("layer_norm_backward", &layer_norm_backward_cuda);
+  m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward_cuda);
+}
+#endif
 
 }  // namespace ltx_kernels::torch_ext

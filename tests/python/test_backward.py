@@ -118,6 +118,38 @@ def test_fused_add_rms_norm(device, dtype, d, with_weight):
     check_grads(lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6), formula, [x, res, w], [xv, resv, w], dtype)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused norm backward kernel runs on CUDA")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, d", [(1, 4096), (1000, 64), (1000, 1536), (333, 2056), (600, 4096), (70, 8192),
+                                     (9, 16384), (5, 16392), (3000, 1000)])
+@pytest.mark.parametrize("op", ["rms_norm", "gemma_rms_norm", "fused_add_rms_norm", "layer_norm"])
+def test_cuda_fused_norm_backward(dtype, rows, d, op):
+    """The fused kernel's every shape class: a warp a row (D <= 512 bf16), 256 threads a row
+    with 1 / 2 / 4 / 8 vectors each, rows too long for registers (16392 bf16: the composition
+    runs), vector counts just past a power of two (2056 = 8 x 257), row strides that allow no
+    16-byte vectors (rms_norm's rows are D + 3 apart), more rows than blocks (the per-block fp32
+    weight and bias partial sums), and layer norm rows with mean 1e3 and std 1e-2 (in fp32 the
+    gradient must keep their spread)."""
+    x, xv = leaf((rows, d), dtype, "cuda", strided=op == "rms_norm")
+    if op == "layer_norm":
+        with torch.no_grad():
+            x.copy_(1e3 + 1e-2 * torch.randn_like(x, dtype=torch.float32))
+    w, _ = leaf((d,), dtype, "cuda")
+    if op == "fused_add_rms_norm":
+        res, _ = leaf((rows, d), dtype, "cuda")
+        check_grads(lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6),
+                    lambda x, r, w: (rms(rounded(x + r, dtype), 1e-6) * w, rounded(x + r, dtype)),
+                    [x, res, w], [xv, res, w], dtype)
+    elif op == "layer_norm":
+        b, _ = leaf((d,), dtype, "cuda")
+        check_grads(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (d,), w, b, 1e-5),
+                    [x, w, b], [xv, w, b], dtype)
+    else:
+        offset = 1.0 if op == "gemma_rms_norm" else 0.0
+        check_grads(lambda x, w: ops.rms_norm(x, w, 1e-6, offset), lambda x, w: rms(x, 1e-6) * (w + offset),
+                    [x, w], [xv, w], dtype)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [7, 64])
