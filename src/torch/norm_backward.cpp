@@ -6,7 +6,7 @@
 // Written with ATen ops, so one implementation serves CPU, CUDA and Meta (torch.compile).
 // On CUDA, rms_norm, fused_add_rms_norm and layer_norm run the fused kernel instead
 // (ltx_kernels/norm_backward.h), whenever its form applies: grad_out in x's dtype and a row
-// that fits in registers (see fused_supported); the composition otherwise.
+// that fits in registers (norm_backward_supported); the composition otherwise.
 #include "torch/backward.h"
 #include "torch/registration.h"
 
@@ -133,8 +133,8 @@ struct FusedGrads {
   at::Tensor dx, d_residual, dweight, dbias;
 };
 
-// The kernel's params for these arguments (pointers unset), or nullopt when the kernel does
-// not take them: grad_out in another dtype (a float32 out of a 16-bit x), or a row too long.
+// The kernel's params for these arguments (no pointers yet), or nullopt when the kernel does
+// not take them: grad_out in another dtype (a float32 out of a 16-bit x).
 std::optional<NormBackwardParams> fused_form(NormType type, const at::Tensor& grad_out, const at::Tensor& x,
                                              double eps, double weight_offset) {
   if (grad_out.scalar_type() != x.scalar_type() || grad_out.sizes() != x.sizes() || x.dim() == 0) return std::nullopt;
@@ -145,13 +145,15 @@ std::optional<NormBackwardParams> fused_form(NormType type, const at::Tensor& gr
   p.rows = p.cols == 0 ? 0 : x.numel() / p.cols;
   p.eps = static_cast<float>(eps);
   p.weight_offset = static_cast<float>(weight_offset);
-  if (!norm_backward_supported(p)) return std::nullopt;  // (the vector width is rechecked at launch)
   return p;
 }
 
-FusedGrads fused_norm_backward(NormBackwardParams p, const char* op, const at::Tensor& grad_out, const at::Tensor& x,
-                               const at::Tensor* residual, const at::Tensor* grad_new_residual,
-                               const OptTensor& weight, const OptTensor& bias) {
+// The gradients from the fused kernel, or nullopt when the rows do not fit it (the vector width,
+// and so the row length it holds in registers, depends on the pointers and strides).
+std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* op, const at::Tensor& grad_out,
+                                              const at::Tensor& x, const at::Tensor* residual,
+                                              const at::Tensor* grad_new_residual, const OptTensor& weight,
+                                              const OptTensor& bias) {
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
   if (residual) g.d_residual = at::empty(x.sizes(), x.options());
@@ -176,13 +178,14 @@ FusedGrads fused_norm_backward(NormBackwardParams p, const char* op, const at::T
   }
   p.out = g.dx.mutable_data_ptr();
   p.out_row_stride = p.cols;
+  const at::Tensor w32 = weight ? weight->to(at::kFloat).contiguous() : at::Tensor();
+  if (weight) p.weight = w32.const_data_ptr<float>();
+  if (!norm_backward_supported(p)) return std::nullopt;
   // Two blocks an SM, each summing its rows' dw / dbias in fp32; their partial rows summed once.
   const int64_t sms = at::cuda::getDeviceProperties(x.device().index())->multiProcessorCount;
   p.blocks = std::max<int64_t>(1, std::min(p.rows, 2 * sms));
-  const at::Tensor w32 = weight ? weight->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor dw_partial, db_partial;
   if (weight) {
-    p.weight = w32.const_data_ptr<float>();
     dw_partial = at::empty({p.blocks, p.cols}, x.options().dtype(at::kFloat));
     p.dweight_partial = dw_partial.mutable_data_ptr<float>();
   }
@@ -200,30 +203,32 @@ FusedGrads fused_norm_backward(NormBackwardParams p, const char* op, const at::T
 Grads2 rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
                               double weight_offset, std::optional<at::ScalarType> out_dtype) {
   const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
-  if (!p) return rms_norm_backward(grad_out, x, weight, eps, weight_offset, out_dtype);
-  const FusedGrads g = fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, nullptr, weight, std::nullopt);
-  return {g.dx, g.dweight};
+  const auto g = p ? fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, nullptr, weight, std::nullopt)
+                   : std::nullopt;
+  if (!g) return rms_norm_backward(grad_out, x, weight, eps, weight_offset, out_dtype);
+  return {g->dx, g->dweight};
 }
 
 Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
                                 const OptTensor& bias, double eps) {
   const auto p = fused_form(NormType::kLayer, grad_out, x, eps, 0.0);
-  if (!p) return layer_norm_backward(grad_out, x, weight, bias, eps);
-  const FusedGrads g = fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, nullptr, weight, bias);
-  return {g.dx, g.dweight, g.dbias};
+  const auto g = p ? fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, nullptr, weight, bias)
+                   : std::nullopt;
+  if (!g) return layer_norm_backward(grad_out, x, weight, bias, eps);
+  return {g->dx, g->dweight, g->dbias};
 }
 
 Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
                                         const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
                                         double eps, double weight_offset) {
-  const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
-  if (!p || residual.scalar_type() != x.scalar_type() || residual.sizes() != x.sizes() ||
-      grad_new_residual.scalar_type() != x.scalar_type() || grad_new_residual.sizes() != x.sizes()) {
-    return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset);
-  }
-  const FusedGrads g = fused_norm_backward(*p, "fused_add_rms_norm_backward", grad_out, x, &residual,
-                                           &grad_new_residual, weight, std::nullopt);
-  return {g.dx, g.d_residual, g.dweight};
+  const bool same_form = residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() &&
+                         grad_new_residual.scalar_type() == x.scalar_type() && grad_new_residual.sizes() == x.sizes();
+  const auto p = same_form ? fused_form(NormType::kRms, grad_out, x, eps, weight_offset) : std::nullopt;
+  const auto g = p ? fused_norm_backward(*p, "fused_add_rms_norm_backward", grad_out, x, &residual, &grad_new_residual,
+                                         weight, std::nullopt)
+                   : std::nullopt;
+  if (!g) return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset);
+  return {g->dx, g->d_residual, g->dweight};
 }
 #endif
 

@@ -142,8 +142,10 @@ def test_cuda_fused_norm_backward(dtype, rows, d, op):
                     [x, res, w], [xv, res, w], dtype)
     elif op == "layer_norm":
         b, _ = leaf((d,), dtype, "cuda")
+        # Rows of mean / std = 1e5: x's gradient (through rstd = 1e2) is that ill-conditioned in
+        # fp32; measured 2.4e-5 relative at D = 16384 for the kernel and the ATen composition alike.
         check_grads(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), lambda x, w, b: F.layer_norm(x, (d,), w, b, 1e-5),
-                    [x, w, b], [xv, w, b], dtype)
+                    [x, w, b], [xv, w, b], dtype, scale=100.0 if dtype == torch.float32 else None)
     else:
         offset = 1.0 if op == "gemma_rms_norm" else 0.0
         check_grads(lambda x, w: ops.rms_norm(x, w, 1e-6, offset), lambda x, w: rms(x, 1e-6) * (w + offset),
