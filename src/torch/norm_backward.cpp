@@ -131,7 +131,7 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-// The fused kernel's gradients of a norm: dx (written twice with `two_outputs`, for x and
+// The fused kernel's gradients of a norm: dx (and the same values for fused_add_rms_norm's
 // residual), dw and dbias from per-block fp32 partial sums, each rounded once.
 struct FusedGrads {
   at::Tensor dx, d_residual, dweight, dbias;
@@ -158,6 +158,9 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
                                               const at::Tensor& x, const at::Tensor* residual,
                                               const at::Tensor* grad_new_residual, const OptTensor& weight,
                                               const OptTensor& bias) {
+  // The forward checked these; a direct call of the backward op gets the same messages.
+  channel_vector(weight, "weight", x, "x", /*or_float32=*/true);
+  channel_vector(bias, "bias", x, "x", /*or_float32=*/true);
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
   if (residual) g.d_residual = at::empty(x.sizes(), x.options());
