@@ -61,6 +61,10 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
 // do not collapse into one row stride.
 Rows as_rows(const at::Tensor& t);
 
+// A backward op's gradient of an output: the output's dtype, x's device and shape; any layout
+// (autograd may pass an expanded view).
+void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype);
+
 // The gradient of an output as a backward op's kernel reads it (a contiguous last dim):
 // autograd may pass an expanded view, e.g. y.sum()'s gradient has stride 0 everywhere.
 at::Tensor last_dim_contiguous(const at::Tensor& grad);

@@ -5,25 +5,19 @@
 
 #include "ltx_kernels/norm.h"
 #include "torch/common.h"
+#include "torch/norm_checks.h"
 
 namespace ltx_kernels::torch_ext {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-
-// Which weight / bias dtypes an op takes: x's (the AdaLN and FP8 forms), or also float32 (the
-// forms torch modules compute, whose parameters a model may keep in float32).
-enum class Params { kLikeX, kLikeXOrFloat32 };
-
 bool is_float32(const OptTensor& t) { return t && t->scalar_type() == at::kFloat; }
 
-// Checks shared by the real and the Meta implementations; returns weight and bias contiguous,
-// both in x's dtype or both in float32 (the kernels read them in one dtype): float32, widened
-// exactly, when either is or the output's dtype `out_dtype` is.
+}  // namespace
+
 std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor& x,
                                                 const at::Tensor* residual, const OptTensor& weight,
-                                                const OptTensor& bias, double eps, Params params = Params::kLikeX,
-                                                at::ScalarType out_dtype = at::ScalarType::Undefined) {
+                                                const OptTensor& bias, double eps, Params params,
+                                                at::ScalarType out_dtype) {
   check_activation(x, "x");
   if (residual) check_like(*residual, "residual", x, "x");
   // std::to_string, not the stream operator: see the note on formatting in common.cpp.
@@ -38,13 +32,20 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
   return {w, b};
 }
 
-// rms_norm's out_dtype: x's dtype (None) or float32.
 at::ScalarType norm_out_dtype(const char* op, const at::Tensor& x, std::optional<at::ScalarType> requested) {
   const at::ScalarType out_dtype = requested.value_or(x.scalar_type());
   TORCH_CHECK_TYPE(out_dtype == x.scalar_type() || out_dtype == at::kFloat, op,
                    ": out_dtype must be the dtype of x (", x.scalar_type(), ") or float32, got ", out_dtype);
   return out_dtype;
 }
+
+void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift) {
+  if (!scale) return;
+  check_row_vectors(*scale, "scale", x);
+  check_row_vectors(*shift, "shift", x);
+}
+
+namespace {
 
 // `out` may be null when the params get an FP8 output instead (set_fp8_out).
 NormParams make_params(NormType type, const Rows& x, const OptTensor& weight,
@@ -84,12 +85,6 @@ void set_fp8_out(NormParams& p, Fp8Out& o) {
   p.out_fp8 = static_cast<uint8_t*>(o.q.mutable_data_ptr());
   p.out_fp8_row_stride = p.cols;
   p.out_fp8_scale = o.scale.mutable_data_ptr<float>();
-}
-
-void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift) {
-  if (!scale) return;
-  check_row_vectors(*scale, "scale", x);
-  check_row_vectors(*shift, "shift", x);
 }
 
 // AdaLN modulation: out = norm(x) * (1 + scale) + shift. Sets `p`'s scale and shift and

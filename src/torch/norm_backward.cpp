@@ -8,6 +8,8 @@
 // (ltx_kernels/norm_backward.h), whenever its form applies: grad_out in x's dtype and a row
 // that fits in registers (norm_backward_supported); the composition otherwise.
 #include "torch/backward.h"
+#include "torch/common.h"
+#include "torch/norm_checks.h"
 #include "torch/registration.h"
 
 #ifdef LTX_KERNELS_WITH_CUDA
@@ -16,7 +18,6 @@
 #include <algorithm>
 
 #include "ltx_kernels/norm_backward.h"
-#include "torch/common.h"
 #endif
 
 namespace ltx_kernels::torch_ext {
@@ -72,14 +73,39 @@ at::Tensor norm_output(const at::Tensor& x, const OptTensor& weight, const OptTe
   return y;
 }
 
+// The forward's checks of its arguments and the gradients' dtype, device and shape: for a
+// direct call of a backward op (autograd passes the forward's own, valid, arguments).
+void check_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
+                             std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType out_type = norm_out_dtype("rms_norm_backward", x, out_dtype);
+  check_norm_args("rms_norm_backward", x, nullptr, weight, std::nullopt, eps, Params::kLikeXOrFloat32, out_type);
+  check_grad(grad_out, "grad_out", x, out_type);
+}
+
+void check_layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
+                               const OptTensor& bias, double eps) {
+  check_norm_args("layer_norm_backward", x, nullptr, weight, bias, eps, Params::kLikeXOrFloat32);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
+}
+
+void check_fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
+                                       const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
+                                       double eps) {
+  check_norm_args("fused_add_rms_norm_backward", x, &residual, weight, std::nullopt, eps, Params::kLikeXOrFloat32);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  check_grad(grad_new_residual, "grad_new_residual", x, x.scalar_type());
+}
+
 Grads2 rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
-                         double weight_offset, std::optional<at::ScalarType> /*out_dtype: grad_out's*/) {
+                         double weight_offset, std::optional<at::ScalarType> out_dtype) {
+  check_rms_norm_backward(grad_out, x, weight, eps, out_dtype);
   const auto [dx, dw, db] = affine_norm_backward(f32(grad_out), x, weight, std::nullopt, false, eps, weight_offset);
   return {dx.to(x.scalar_type()), dw};
 }
 
 Grads3 layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
                            const OptTensor& bias, double eps) {
+  check_layer_norm_backward(grad_out, x, weight, bias, eps);
   const auto [dx, dw, db] = affine_norm_backward(f32(grad_out), x, weight, bias, true, eps, 0.0);
   return {dx.to(x.scalar_type()), dw, db};
 }
@@ -89,6 +115,7 @@ Grads3 layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, cons
 Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
                                    const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
                                    double eps, double weight_offset) {
+  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps);
   const at::Tensor h = (f32(x) + f32(residual)).to(x.scalar_type());
   const auto [dh, dw, db] = affine_norm_backward(f32(grad_out), h, weight, std::nullopt, false, eps, weight_offset);
   const at::Tensor d = dh + f32(grad_new_residual);
@@ -98,6 +125,9 @@ Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, double eps) {
+  check_norm_args("adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const auto [dnorm, dscale, dshift] =
       modulation_backward(f32(grad_out), norm_output(x, weight, std::nullopt, false, eps), scale, shift);
   const auto [dx, dw, db] = affine_norm_backward(dnorm, x, weight, std::nullopt, false, eps, 0.0);
@@ -107,6 +137,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backwa
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, const OptTensor& bias, double eps) {
+  check_norm_args("adaln_layer_norm_backward", x, nullptr, weight, bias, eps);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const auto [dnorm, dscale, dshift] =
       modulation_backward(f32(grad_out), norm_output(x, weight, bias, true, eps), scale, shift);
   const auto [dx, dw, db] = affine_norm_backward(dnorm, x, weight, bias, true, eps, 0.0);
@@ -120,6 +153,12 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
                                        const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
                                        const at::Tensor& scale, const at::Tensor& shift, const OptTensor& weight,
                                        double eps) {
+  check_norm_args("gated_residual_adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
+  check_grad(grad_normed, "grad_normed", x, x.scalar_type());
   const at::Tensor yg = gate ? f32(y) * f32(*gate) : f32(y);
   const at::Tensor x_new = (f32(x) + yg).to(x.scalar_type());
   const auto [dnorm, dscale, dshift] =
@@ -158,9 +197,6 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
                                               const at::Tensor& x, const at::Tensor* residual,
                                               const at::Tensor* grad_new_residual, const OptTensor& weight,
                                               const OptTensor& bias) {
-  // The forward checked these; a direct call of the backward op gets the same messages.
-  channel_vector(weight, "weight", x, "x", /*or_float32=*/true);
-  channel_vector(bias, "bias", x, "x", /*or_float32=*/true);
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
   if (residual) g.d_residual = at::empty(x.sizes(), x.options());
@@ -209,6 +245,7 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
 
 Grads2 rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
                               double weight_offset, std::optional<at::ScalarType> out_dtype) {
+  check_rms_norm_backward(grad_out, x, weight, eps, out_dtype);
   const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
   const auto g = p ? fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, nullptr, weight, std::nullopt)
                    : std::nullopt;
@@ -218,6 +255,7 @@ Grads2 rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, c
 
 Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
                                 const OptTensor& bias, double eps) {
+  check_layer_norm_backward(grad_out, x, weight, bias, eps);
   const auto p = fused_form(NormType::kLayer, grad_out, x, eps, 0.0);
   const auto g = p ? fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, nullptr, weight, bias)
                    : std::nullopt;
@@ -228,6 +266,7 @@ Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x,
 Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
                                         const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
                                         double eps, double weight_offset) {
+  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps);
   const bool same_form = residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() &&
                          grad_new_residual.scalar_type() == x.scalar_type() && grad_new_residual.sizes() == x.sizes();
   const auto p = same_form ? fused_form(NormType::kRms, grad_out, x, eps, weight_offset) : std::nullopt;

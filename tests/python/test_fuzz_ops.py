@@ -2,7 +2,8 @@
 them directly would, with hypothesis (derandomized: the same cases on every run).
 
 Valid calls (odd sizes, zero rows, every dtype, strided, non-collapsible and row-broadcast
-layouts of every tensor argument) must match the plain-torch formula in fp64, on the CPU and
+layouts of every tensor argument; the backward ops with gradients as autograd passes them)
+must match the plain-torch formula in fp64, on the CPU and
 (when there is one) the GPU, and the Meta implementation must give the same shapes and dtypes. Invalid calls (one tensor argument
 broken: wrong dtype, wrong size, a strided or expanded last dim, a 0-dim tensor, another
 device) must raise TypeError or ValueError naming the argument, on the CPU, Meta and CUDA alike.
@@ -31,7 +32,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ops = torch.ops.ltx_kernels
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 18 builders x 2 kinds: >= 3,000 cases
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 27 builders x 2 kinds: >= 5,000 cases
 SEED = os.environ.get("FUZZ_SEED")
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -64,6 +65,7 @@ class Call:
     cuda_refuses: bool = False
     cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
     out_dtype: torch.dtype | None = None  # the output's dtype where it is not the inputs' (rms_norm's out_dtype)
+    out_dtypes: list | None = None  # per output, where they differ (a backward op: each argument's dtype)
 
     def run(self, device=None):
         def move(a):
@@ -388,6 +390,60 @@ BUILDERS = {
 }
 
 
+def build_backward(draw, dtype, forward):
+    """The backward op of a forward call as autograd calls it: random gradients of the outputs
+    (in any layout autograd may pass: dense, strided, expanded), then the forward's arguments.
+    Its formula is autograd of the forward's fp64 formula (a rounding to dtype passes the
+    gradient through): one gradient per tensor argument, in that argument's dtype, an empty
+    tensor for an absent optional one."""
+    call, formula = forward(draw, dtype)
+    # A norm of one or two channels maps each row to constants: its x gradient is rounding
+    # noise (test_backward.NORM_SIZES), nothing to compare.
+    hypothesis.assume("norm" not in call.op or call.args[0].tensor.shape[-1] >= 3)
+    outs = call.run()
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = [Arg(name, laid_out(draw, randn(o.shape, o.dtype)), valid_breaks=("strided_last_dim", "expanded_last_dim"))
+             for name, o in zip(GRAD_NAMES[call.op], outs)]
+    inputs = [a for a in call.args if isinstance(a, Arg)]
+    extra = [call.kwargs["out_dtype"]] if "out_dtype" in call.kwargs else []  # rms_norm's: positional here
+
+    def gradients():
+        # The arguments' own tensors require grad while the formula runs (it reads some through
+        # their Arg, some directly): each gradient is fp64 autograd's, rounded once to its dtype.
+        saved = [a.tensor for a in inputs]
+        present = [t for t in saved if t is not None]
+        for t in present:
+            t.requires_grad_()
+        try:
+            ref = formula()
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            got = iter(torch.autograd.grad(ref, present, [g.tensor.double() for g in grads], allow_unused=True,
+                                           materialize_grads=True))
+        finally:
+            for t in present:
+                t.requires_grad_(False)
+        result = tuple(torch.empty(0) if t is None else next(got) for t in saved)
+        return result if len(result) > 1 else result[0]  # a single gradient is returned bare
+
+    back = Call(f"{call.op}_backward", grads + call.args + extra, scale=10.0 if dtype == torch.float32 else 4.0,
+                out_dtypes=[dtype if a.tensor is None else a.tensor.dtype for a in inputs])
+    return back, gradients
+
+
+# The names of the gradients a backward op takes, in its schema's order.
+GRAD_NAMES = {
+    "rms_norm": ["grad_out"], "layer_norm": ["grad_out"], "fused_add_rms_norm": ["grad_out", "grad_new_residual"],
+    "adaln_rms_norm": ["grad_out"], "adaln_layer_norm": ["grad_out"],
+    "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
+    "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
+    "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"],
+}
+BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
+    BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
+                                 "gated_residual_adaln_rms_norm", "gelu_tanh", "and_mul", "glu"]}
+BUILDERS.update(BACKWARD_BUILDERS)
+
+
 @st.composite
 def valid_calls(draw, builder):
     torch.manual_seed(draw(st.integers(0, 2**31 - 1)))  # the tensors' values: part of the case
@@ -395,16 +451,16 @@ def valid_calls(draw, builder):
     return (dtype, *BUILDERS[builder](draw, dtype))
 
 
-def check_matches(out, ref, dtype, call, scale=None):
+def check_matches(out, ref, dtype, call, scale=None, out_dtype=None):
     if isinstance(ref, tuple):
         assert isinstance(out, tuple) and len(out) == len(ref)
-        for o, r in zip(out, ref):
-            check_matches(o, r, dtype, call, scale)
+        for i, (o, r) in enumerate(zip(out, ref)):
+            check_matches(o, r, dtype, call, scale, call.out_dtypes[i] if call.out_dtypes else None)
         return
     if call.exact:
         assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
     else:
-        out_dtype = call.out_dtype or dtype
+        out_dtype = out_dtype or call.out_dtype or dtype
         assert out.dtype == out_dtype
         assert_close(out, ref, out_dtype, scale=scale or call.scale)
 

@@ -1,0 +1,33 @@
+// Argument checks of the norm family, shared by the ops (norm.cpp), their Meta
+// implementations and their backward ops (norm_backward.cpp), so that a direct call of a
+// backward op gets the forward's messages.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <utility>
+
+namespace ltx_kernels::torch_ext {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Which weight / bias dtypes an op takes: x's (the AdaLN and FP8 forms), or also float32 (the
+// forms torch modules compute, whose parameters a model may keep in float32).
+enum class Params { kLikeX, kLikeXOrFloat32 };
+
+// x, the residual, eps, weight and bias; returns weight and bias contiguous, both in x's dtype
+// or both in float32 (the kernels read them in one dtype): float32, widened exactly, when
+// either is or the output's dtype `out_dtype` is.
+std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor& x, const at::Tensor* residual,
+                                                const OptTensor& weight, const OptTensor& bias, double eps,
+                                                Params params = Params::kLikeX,
+                                                at::ScalarType out_dtype = at::ScalarType::Undefined);
+
+// rms_norm's out_dtype: x's dtype (None) or float32.
+at::ScalarType norm_out_dtype(const char* op, const at::Tensor& x, std::optional<at::ScalarType> requested);
+
+// AdaLN's scale and shift (both or neither): [D], [B, 1, D] or per token.
+void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift);
+
+}  // namespace ltx_kernels::torch_ext
