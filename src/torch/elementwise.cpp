@@ -5,8 +5,16 @@
 
 #include "ltx_kernels/elementwise.h"
 #include "torch/common.h"
+#include "torch/op_checks.h"
 
 namespace ltx_kernels::torch_ext {
+
+void check_gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTensor& gate) {
+  check_activation(x, "x");
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+}
+
 namespace {
 
 using OptTensor = std::optional<at::Tensor>;
@@ -127,12 +135,6 @@ at::Tensor swiglu(const at::Tensor& x) {
   at::Tensor out = at::empty_symint(half_shape(x), x.options());
   swiglu_out(x, out);
   return out;
-}
-
-void check_gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTensor& gate) {
-  check_activation(x, "x");
-  check_like(y, "y", x, "x");
-  if (gate) check_row_vectors(*gate, "gate", x);
 }
 
 // x + y * gate (gate broadcast over rows like AdaLN's scale; absent = 1).

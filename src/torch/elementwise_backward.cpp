@@ -8,6 +8,8 @@
 #include <tuple>
 
 #include "torch/backward.h"
+#include "torch/common.h"
+#include "torch/op_checks.h"
 #include "torch/registration.h"
 
 namespace ltx_kernels::torch_ext {
@@ -23,6 +25,8 @@ at::Tensor call_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor&
 // out = x + y * gate.
 Grads3 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
                                const OptTensor& gate) {
+  check_gated_residual(x, y, gate);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor g = f32(grad_out);
   return {grad_out.to(x.scalar_type()), (gate ? g * f32(*gate) : g).to(y.scalar_type()),
           gate ? reduce_like(g * f32(y), *gate) : none_grad(x)};
@@ -32,6 +36,15 @@ Grads3 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, 
 // gradients in that dtype too, as torch's autograd of Linear + GELU runs them.
 Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& bias) {
+  check_linear(x, weight, bias);
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == x.scalar_type(), "grad_out must have x's dtype (", x.scalar_type(),
+                   "), got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.device() == x.device() && grad_out.dim() == x.dim() &&
+                        grad_out.sym_sizes().slice(0, x.dim() - 1) == x.sym_sizes().slice(0, x.dim() - 1) &&
+                        grad_out.sym_size(-1) == weight.sym_size(0),
+                    "grad_out must be on x's device with shape [..., N]: x's leading dims and weight's N (x ",
+                    dims_str(x.sym_sizes()), ", weight ", dims_str(weight.sym_sizes()), "), got ",
+                    dims_str(grad_out.sym_sizes()));
   const at::Tensor dh = call_gelu_tanh_backward(grad_out, at::linear(x, weight, bias));
   const at::Tensor dh2 = dh.reshape({-1, weight.size(0)});
   return {at::matmul(dh, weight), at::mm(dh2.t(), x.reshape({-1, weight.size(1)})), dh2.sum(0).to(bias.scalar_type())};

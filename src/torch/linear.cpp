@@ -11,9 +11,9 @@
 #include "torch/registration.h"
 
 #include "common.h"
+#include "torch/op_checks.h"
 
 namespace ltx_kernels::torch_ext {
-namespace {
 
 void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_activation(x, "x");
@@ -30,6 +30,8 @@ void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
                     "bias must be [N] with N = weight.size(0) (weight ", dims_str(weight.sym_sizes()),
                     "), got ", dims_str(bias.sym_sizes()));
 }
+
+namespace {
 
 std::vector<c10::SymInt> out_sizes(const at::Tensor& x, const at::Tensor& weight) {
   std::vector<c10::SymInt> sizes(x.sym_sizes().begin(), x.sym_sizes().end());

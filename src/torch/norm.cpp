@@ -5,7 +5,7 @@
 
 #include "ltx_kernels/norm.h"
 #include "torch/common.h"
-#include "torch/norm_checks.h"
+#include "torch/op_checks.h"
 
 namespace ltx_kernels::torch_ext {
 namespace {

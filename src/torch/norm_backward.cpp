@@ -9,7 +9,7 @@
 // that fits in registers (norm_backward_supported); the composition otherwise.
 #include "torch/backward.h"
 #include "torch/common.h"
-#include "torch/norm_checks.h"
+#include "torch/op_checks.h"
 #include "torch/registration.h"
 
 #ifdef LTX_KERNELS_WITH_CUDA

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ops = torch.ops.ltx_kernels
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 27 builders x 2 kinds: >= 5,000 cases
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 29 builders x 2 kinds: >= 5,000 cases
 SEED = os.environ.get("FUZZ_SEED")
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -436,11 +436,13 @@ GRAD_NAMES = {
     "adaln_rms_norm": ["grad_out"], "adaln_layer_norm": ["grad_out"],
     "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
-    "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"],
+    "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
+    "linear_gelu_tanh": ["grad_out"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
-                                 "gated_residual_adaln_rms_norm", "gelu_tanh", "and_mul", "glu"]}
+                                 "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
+                                 "linear_gelu_tanh"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 
 

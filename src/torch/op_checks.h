@@ -1,6 +1,6 @@
-// Argument checks of the norm family, shared by the ops (norm.cpp), their Meta
-// implementations and their backward ops (norm_backward.cpp), so that a direct call of a
-// backward op gets the forward's messages.
+// Argument checks an op shares with its Meta implementation and its backward op (norm.cpp and
+// norm_backward.cpp, elementwise.cpp and elementwise_backward.cpp, linear.cpp), so that a
+// direct call of a backward op gets the forward's messages.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -29,5 +29,11 @@ at::ScalarType norm_out_dtype(const char* op, const at::Tensor& x, std::optional
 
 // AdaLN's scale and shift (both or neither): [D], [B, 1, D] or per token.
 void check_modulation(const at::Tensor& x, const at::Tensor* scale, const at::Tensor* shift);
+
+// gated_residual's x, y (x's dtype, device and shape) and gate ([D], [B, 1, D] or per token).
+void check_gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTensor& gate);
+
+// linear_gelu_tanh's x, weight [N, K] and bias [N], all in x's dtype and on its device.
+void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 }  // namespace ltx_kernels::torch_ext
