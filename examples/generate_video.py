@@ -8,7 +8,8 @@ mp4. ``--random-weights`` needs no download: a transformer of ``--config`` with 
 and synthetic text embeddings runs the same denoising loop (scheduler, CFG) offline and the
 latents are saved to ``--output`` with a ``.pt`` suffix (there is no VAE to decode them), with a
 ``.png`` preview of the first latent frame. Without a CUDA GPU it says so and runs the tiny
-config (a full-size one only with ``--allow-cpu``).
+config (a full-size one only with ``--allow-cpu``). Prints the wall time split: text encoder,
+denoising steps, VAE decode, other.
 ``--use-optimized-kernels`` (default), ``--precision fp8`` (the transformer blocks' linears in
 FP8; needs compute capability >= 8.9), ``--attention bf16|8bit`` (ltx_kernels' attention as the
 model's diffusers attention backend instead of SDPA; on CUDA it takes head dim 64 or 128, so
@@ -150,6 +151,7 @@ def main(argv=None) -> dict:
 
     cuda = args.device.startswith("cuda")
     step_ends: list[float] = []
+    phases = time_phases(pipe, cuda)
 
     def on_step_end(pipeline, step, timestep, callback_kwargs):
         if cuda:
@@ -159,6 +161,7 @@ def main(argv=None) -> dict:
 
     def generate():
         step_ends.clear()
+        phases.update(dict.fromkeys(phases, 0.0))
         generator = torch.Generator(device=args.device).manual_seed(args.seed)
         return pipe(**inputs, num_frames=args.num_frames, height=args.height, width=args.width,
                     num_inference_steps=args.steps, guidance_scale=args.guidance_scale,
@@ -176,7 +179,13 @@ def main(argv=None) -> dict:
     if cuda:
         torch.cuda.synchronize()
     total = time.perf_counter() - start
-    steps_ms = [1e3 * (b - a) for a, b in zip([start] + step_ends[:-1], step_ends)]
+    # A step runs from the previous step's end; the first from the text encoder's end, so it
+    # includes preparing the latents.
+    denoise_start = start + phases["text encoder"]
+    steps_ms = [1e3 * (b - a) for a, b in zip([denoise_start] + step_ends[:-1], step_ends)]
+    split_s = {"text encoder": phases["text encoder"], "denoising": sum(steps_ms) / 1e3,
+               "VAE decode": phases["VAE decode"]}
+    split_s["other"] = max(total - sum(split_s.values()), 0.0)
 
     if args.parallel is not None:
         dist.barrier()  # every rank done before rank 0 writes and any rank tears down
@@ -200,12 +209,14 @@ def main(argv=None) -> dict:
 
     peak, peak_what = peak_memory_gib(cuda)
     summary = dict(
-        total_s=total, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
+        total_s=total, split_s=split_s, step_ms=steps_ms, mean_step_ms=sum(steps_ms) / max(len(steps_ms), 1),
         peak_gib=peak, kernels=kernels, compile=args.compile, precision=args.precision, attention=args.attention,
         output=str(output),
         device=args.device, config=args.config if args.random_weights else args.model,
     )
     print("per-step ms: " + " ".join(f"{t:.1f}" for t in steps_ms))
+    print("wall time split: " + ", ".join(f"{name} {t:.2f} s" for name, t in split_s.items())
+          + ("" if getattr(pipe, "vae", None) is not None else " (no VAE: latents out)"))
     print(f"device {args.device}, {summary['config']}, {len(steps_ms)} steps: total {total:.2f} s, mean step "
           f"{summary['mean_step_ms']:.1f} ms, peak memory {peak:.2f} GiB ({peak_what}), optimized kernels: "
           f"{'on' if args.use_optimized_kernels else 'off'}, precision: {args.precision}, attention: {args.attention}, "
@@ -215,6 +226,30 @@ def main(argv=None) -> dict:
     if args.parallel is not None:
         dist.destroy_process_group()
     return summary
+
+
+def time_phases(pipe, cuda: bool) -> dict:
+    """Seconds the pipeline spends in its text encoder (encode_prompt) and its VAE decode, per
+    call, measured by wrapping the two on this pipeline instance (GPU work synchronized)."""
+    phases = {"text encoder": 0.0, "VAE decode": 0.0}
+
+    def timed(name, fn):
+        def run(*args, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if cuda:
+                torch.cuda.synchronize()
+            phases[name] += time.perf_counter() - t0
+            return out
+
+        return run
+
+    pipe.encode_prompt = timed("text encoder", pipe.encode_prompt)
+    if getattr(pipe, "vae", None) is not None:
+        pipe.vae.decode = timed("VAE decode", pipe.vae.decode)
+    return phases
 
 
 def save_preview(latents: torch.Tensor, args: argparse.Namespace, path: Path) -> Path:

@@ -27,6 +27,10 @@ def test_random_weights_cpu(tmp_path, kernels):
         "--width", "96", "--steps", "3", "--output", str(out), kernels,
     ])
     assert len(summary["step_ms"]) == 3
+    split = summary["split_s"]
+    assert list(split) == ["text encoder", "denoising", "VAE decode", "other"]
+    assert split["VAE decode"] == 0.0 and split["text encoder"] > 0  # no VAE with random weights
+    assert split["denoising"] > 0 and sum(split.values()) == pytest.approx(summary["total_s"], rel=1e-6, abs=1e-6)
     assert summary["peak_gib"] > 0  # the process's RSS on the CPU, never NaN
     assert (tmp_path / "video.png").stat().st_size > 0
     latents = torch.load(tmp_path / "video.pt")
