@@ -68,7 +68,9 @@ def _fused_loss_applies(self: nn.Module, hidden: torch.Tensor) -> bool:
 def _forward(self: nn.Module, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
              inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
     original = type(self).forward
-    wants_tuple = not kwargs.get("return_dict", getattr(self.config, "use_return_dict", True))
+    # As transformers' can_return_tuple decides (config.use_return_dict is deprecated in 5.x).
+    return_dict = kwargs.get("return_dict")
+    wants_tuple = not (getattr(self.config, "return_dict", True) if return_dict is None else return_dict)
     if (labels is None or not self.training or wants_tuple
             or not (isinstance(logits_to_keep, int) and logits_to_keep == 0)):
         return original(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
