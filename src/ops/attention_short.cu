@@ -23,6 +23,7 @@
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
 #include "ops/attention_mma.cuh"
+#include "ops/attention_short_softmax.cuh"
 #include "ops/attention_short.h"
 #include "ops/attention_workspace.h"
 #include "ops/host_util.h"
@@ -36,7 +37,7 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kRowsPerWarp = 16;  // mma's M
 constexpr int kBlockM = kRowsPerWarp * kWarps;
 constexpr int kKeys = static_cast<int>(kShortMaxKeys);
-constexpr float kLog2e = 1.4426950408889634f;
+using attention_short::kLog2e;
 
 template <int D>
 struct Layout {
@@ -176,55 +177,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_ker
       }
     }
 
-    // Scores in log2 units, masked; element e of tile j is row m0 + g + 8 (e / 2), key
-    // 8 j + 2 tig + e % 2. The softmax over all keys at once.
-    // (two partial maxima and sums per row, for even and odd key tiles: shorter dependency chains)
-    float part_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-    if (row_masks) {
-      // The mask rows of g and g + 8 (the last row where those lie past seq_q: they are not stored).
-      const float* head_mask = p.mask + it.b * p.mask_strides.batch + it.h * p.mask_strides.head;
-      const float* mask[2] = {head_mask + min(m0 + g, seq_q - 1) * p.mask_strides.seq,
-                              head_mask + min(m0 + g + 8, seq_q - 1) * p.mask_strides.seq};
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = 8 * j + 2 * tig + e % 2;
-          float x = -INFINITY;
-          if (key < seq_k) x = fmaf(mask[e / 2][key], kLog2e, acc[j][e] * factor);
-          acc[j][e] = x;
-          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        const float2 kb = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * tig);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = fmaf(acc[j][e], factor, e % 2 ? kb.y : kb.x);
-          acc[j][e] = x;
-          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
-        }
-      }
-    }
-    float row_max[2], part_sum[2][2] = {};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(part_max[r][0], part_max[r][1]);
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      // A row with every key masked has max -inf; exp2 of its scores must give 0, not NaN.
-      if (row_max[r] == -INFINITY) row_max[r] = 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[j][e] = core::fast_exp2(acc[j][e] - row_max[e / 2]);
-        part_sum[e / 2][j % 2] += acc[j][e];
-      }
-    }
+    // Scores in log2 units, masked, then the softmax over all keys at once.
+    float part_sum[2][2] = {};
+    attention_short::softmax<kNTiles>([&](int j, int e) -> float& { return acc[j][e]; }, factor, p, it.b, it.h,
+                                      m0 + g, seq_q, row_masks, bias, seq_k, tig, part_sum);
 
     // o = P V, 16 keys at a time.
     float o[kDTiles][4] = {};

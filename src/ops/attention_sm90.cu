@@ -41,6 +41,7 @@
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
+#include "ops/attention_short_softmax.cuh"
 #include "ops/attention_sm90.h"
 #include "ops/host_util.h"
 #include "ops/persistent_grid.h"
@@ -602,51 +603,12 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
     cute::warpgroup_wait<0>();
     fence_operands(s);
 
-    const int row_lo = m0 + 16 * warp + g;
-    float part_max[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}};
-    if (row_masks) {
-      const float* head_mask = p.mask + b * p.mask_strides.batch + h * p.mask_strides.head;
-      const float* mask[2] = {head_mask + min(row_lo, seq_q - 1) * p.mask_strides.seq,
-                              head_mask + min(row_lo + 8, seq_q - 1) * p.mask_strides.seq};
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = 8 * j + 2 * tig + e % 2;
-          float x = -INFINITY;
-          if (key < seq_k) x = fmaf(mask[e / 2][key], kLog2e, s[4 * j + e] * factor);
-          s[4 * j + e] = x;
-          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        const float2 kb = *reinterpret_cast<const float2*>(bias + 8 * j + 2 * tig);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = fmaf(s[4 * j + e], factor, e % 2 ? kb.y : kb.x);
-          s[4 * j + e] = x;
-          part_max[e / 2][j % 2] = fmaxf(part_max[e / 2][j % 2], x);
-        }
-      }
-    }
-    float row_max[2], part_sum[2][2] = {};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row_max[r] = fmaxf(part_max[r][0], part_max[r][1]);
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 1));
-      row_max[r] = fmaxf(row_max[r], __shfl_xor_sync(0xffffffffu, row_max[r], 2));
-      if (row_max[r] == -INFINITY) row_max[r] = 0.0f;  // every key masked: exp2 gives 0, not NaN
-    }
+    float part_sum[2][2] = {};
+    attention_short::softmax<kNTiles>([&](int j, int e) -> float& { return s[4 * j + e]; }, factor, p, b, h,
+                                      m0 + 16 * warp + g, seq_q, row_masks, bias, seq_k, tig, part_sum);
     uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = fast_exp2(s[4 * j + e] - row_max[e / 2]);
-        part_sum[e / 2][j % 2] += s[4 * j + e];
-      }
       pa[j / 2][2 * (j % 2)] = core::pack2<T>(s[4 * j], s[4 * j + 1]);
       pa[j / 2][2 * (j % 2) + 1] = core::pack2<T>(s[4 * j + 2], s[4 * j + 3]);
     }
