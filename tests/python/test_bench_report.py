@@ -35,3 +35,21 @@ def test_held_out_run_says_it_needs_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--held-out"]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_ops_report_writes_the_header_table_worst_ratios_and_json(tmp_path, capsys):
+    """write_ops_report (the ops and forward + backward benchmarks): the same text printed and
+    written, the raw results in the JSON."""
+    import json
+
+    from ltx_kernels.bench.harness import write_ops_report
+
+    results = [result("rms_norm", "1x1536 bf16", "ltx_kernels", 4.0), result("rms_norm", "1x1536 bf16", "eager", 8.0)]
+    meta = {"gpu": "GPU X", "torch": "t", "triton": "tr"}
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    write_ops_report(results, ["ltx_kernels", "eager"], meta, 3004.4, "bf16, us.", str(js), str(md))
+    text = md.read_text()
+    assert text.startswith("GPU X, torch t, triton tr; copy 3004 GB/s. bf16, us.\n\n| op | shape |")
+    assert text.rstrip().endswith("- rms_norm: worst 2.00x vs the best anchor (1x1536 bf16); slower on 0 of 1 shapes")
+    assert text in capsys.readouterr().out
+    assert json.loads(js.read_text())["results"][1]["us"] == 8.0

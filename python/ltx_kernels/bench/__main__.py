@@ -63,17 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.held_out and args.shapes:
         cases = [c for c in cases if any(c.shape.startswith(p) for p in args.shapes)]
     results = harness.run_cases(cases, copy_gbs)
-    table = harness.markdown_table(results, IMPLS) + "\n\n" + harness.worst_speedups(results)
     dtypes = "bf16 and fp16 as labelled" if args.held_out else "bf16"
-    header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
-              f"{dtypes}, us (% of copy bandwidth): median GPU time, L2 flushed, host launch overhead excluded.\n\n")
-    print()
-    print(header + table)
-    if args.json:
-        harness.write_json(args.json, meta, results)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(header + table + "\n")
+    harness.write_ops_report(results, IMPLS, meta, copy_gbs, f"{dtypes}, us (% of copy bandwidth): median GPU time, "
+                             "L2 flushed, host launch overhead excluded.", args.json, args.markdown)
     return 0
 
 

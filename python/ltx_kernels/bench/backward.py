@@ -155,18 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {**harness.device_meta(copy_gbs), "dtype": args.dtype}
     print(f"{meta['gpu']}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
     results = harness.run_cases(cases(SHAPES, args.ops or list(OPS), DTYPES[args.dtype], liger), copy_gbs)
-    table = harness.markdown_table(results, IMPLS) + "\n\n" + harness.worst_speedups(results)
-    header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
-              f"{args.dtype}, us per forward + backward (% of copy bandwidth for the bytes a fused forward + "
-              "backward moves): median GPU time, L2 flushed, host launch overhead excluded; "
-              "ours' outputs and gradients checked against eager's in fp64 first.\n\n")
-    print()
-    print(header + table)
-    if args.json:
-        harness.write_json(args.json, meta, results)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(header + table + "\n")
+    harness.write_ops_report(results, IMPLS, meta, copy_gbs,
+                             f"{args.dtype}, us per forward + backward (% of copy bandwidth for the bytes a fused "
+                             "forward + backward moves): median GPU time, L2 flushed, host launch overhead excluded; "
+                             "ours' outputs and gradients checked against eager's in fp64 first.",
+                             args.json, args.markdown)
     return 0
 
 

@@ -181,6 +181,22 @@ def worst_speedups(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def write_ops_report(results: list[Result], impls: list[str], meta: dict, copy_gbs: float, what: str,
+                     json_path: str | None, markdown_path: str | None) -> None:
+    """Prints an op benchmark's table with the worst ratio per op, under a header naming the
+    machine and ``what`` each cell is, and writes it and the raw results if asked."""
+    table = markdown_table(results, impls) + "\n\n" + worst_speedups(results)
+    header = (f"{meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}; copy {copy_gbs:.0f} GB/s. "
+              f"{what}\n\n")
+    print()
+    print(header + table)
+    if json_path:
+        write_json(json_path, meta, results)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(header + table + "\n")
+
+
 def write_json(path: str, meta: dict, results: list[Result]) -> None:
     with open(path, "w") as f:
         json.dump({"meta": meta, "results": [dataclasses.asdict(r) for r in results]}, f, indent=1)
