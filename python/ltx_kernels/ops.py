@@ -202,22 +202,25 @@ def fused_linear_cross_entropy(
     bias: torch.Tensor | None = None,
     ignore_index: int = -100,
     reduction: str = "mean",
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(x @ weight.T + bias, target, ignore_index=ignore_index,
     reduction=reduction)`` without materializing the ``[tokens, vocab]`` logits: an LLM head's
-    loss, computed over chunks of tokens whose fp32 logits are about the size of ``x``.
+    loss, computed over chunks of classes whose fp32 logits are about twice the size of ``x``.
     ``x`` is ``[..., hidden]``, ``weight`` ``[vocab, hidden]`` and ``bias`` ``[vocab]`` in one
     dtype, ``target`` int64 of ``x.shape[:-1]``; returns an fp32 loss (``reduction="none"``:
     one per token, 0 where ignored; ``"mean"`` averages over the targets not ignored, NaN when
-    all are, as torch). Logits and softmax in fp32, never rounded to ``x``'s dtype. The
-    backward recomputes each chunk's logits (four head GEMMs per training step, stock runs
-    three) and accumulates the weight gradient in fp32 (at its peak, twice ``vocab x hidden x 4``
-    bytes: the sum and one chunk's product)."""
+    all are, as torch), and with ``return_lse`` also each token's fp32 log-sum-exp of the
+    logits (differentiable, e.g. for a z-loss). Logits and softmax in fp32, never rounded to
+    ``x``'s dtype. The backward recomputes each chunk's logits (four head GEMMs per training
+    step, stock runs three) but not the log-sum-exp, which is saved; the weight gradient is
+    written once per chunk of classes, x's is accumulated in fp32."""
     fn = "fused_linear_cross_entropy"
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{fn}: ignore_index must be an int, got {type(ignore_index).__name__}")
     reduction = _choice(fn, "reduction", reduction, ("mean", "sum", "none"))
-    return _ops.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
+    loss, lse = _ops.fused_linear_cross_entropy(x, weight, target, bias, ignore_index, reduction)
+    return (loss, lse) if return_lse else loss
 
 
 # FP8 linear path: e4m3 operands with one fp32 scale per row.

@@ -9,7 +9,10 @@
 // differentiable: ops with a backward op `<name>_backward(<gradients of the outputs>, <the op's
 // own arguments>)` returning one gradient per tensor argument. Both are registered ops, so
 // torch.compile traces them as they are and AOTAutograd partitions forward from backward; the
-// backward recomputes what it needs from the inputs (e.g. a row's rstd) instead of saving it.
+// backward recomputes what it needs from the inputs (e.g. a row's rstd) instead of saving it,
+// unless recomputing costs what the forward did: a backward op whose schema goes on after the
+// op's arguments takes the op's outputs there, and they are saved too (fused_linear_cross_
+// entropy's row log-sum-exp, a pass of the head's GEMM).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -65,6 +68,11 @@ void forward_only(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
 }
 
+// The backward op of the op named `name`.
+c10::OperatorHandle backward_of(const std::string& name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow((name + "_backward").c_str(), "");
+}
+
 // The op's call as a torch::autograd::Function. `tensors` are the tensor arguments given (an
 // absent optional one is not a variable), `args` all the arguments with those tensors replaced
 // by None (the tensors are saved as SavedVariables, which check that they are not modified in
@@ -81,30 +89,37 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
       const at::AutoDispatchBelowADInplaceOrView guard;
       op.callBoxed(stack);
     }
-    ctx->save_for_backward(tensors.vec());
+    torch::autograd::variable_list outputs;
+    for (const c10::IValue& v : stack) outputs.push_back(v.toTensor());
+    torch::autograd::variable_list saved = tensors.vec();
+    const c10::FunctionSchema& backward_schema = backward_of(op.operator_name().name).schema();
+    if (backward_schema.arguments().size() > op.schema().returns().size() + op.schema().arguments().size()) {
+      saved.insert(saved.end(), outputs.begin(), outputs.end());
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["inputs"] = static_cast<int64_t>(tensors.size());
     ctx->saved_data["op"] = op.operator_name().name;
     ctx->saved_data["args"] = c10::ivalue::Tuple::create(std::move(args));
     ctx->saved_data["positions"] = positions;
     ctx->saved_data["slots"] = slots;
-    torch::autograd::variable_list outputs;
-    for (const c10::IValue& v : stack) outputs.push_back(v.toTensor());
     return outputs;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const std::string backward_name = ctx->saved_data["op"].toStringRef() + "_backward";
-    const c10::OperatorHandle backward_op = c10::Dispatcher::singleton().findSchemaOrThrow(backward_name.c_str(), "");
-    const torch::autograd::variable_list tensors = ctx->get_saved_variables();
+    const c10::OperatorHandle backward_op = backward_of(ctx->saved_data["op"].toStringRef());
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const size_t inputs = static_cast<size_t>(ctx->saved_data["inputs"].toInt());
     const std::vector<int64_t> positions = ctx->saved_data["positions"].toIntVector();
     const std::vector<int64_t> slots = ctx->saved_data["slots"].toIntVector();
     torch::jit::Stack stack(grads.begin(), grads.end());
     for (const c10::IValue& v : ctx->saved_data["args"].toTupleRef().elements()) stack.push_back(v);
-    for (size_t i = 0; i < tensors.size(); ++i) stack[grads.size() + positions[i]] = tensors[i];
+    for (size_t i = 0; i < inputs; ++i) stack[grads.size() + positions[i]] = saved[i];
+    for (size_t i = inputs; i < saved.size(); ++i) stack.push_back(saved[i]);  // the outputs, if saved
     backward_op.callBoxed(stack);
     // One gradient per argument of forward: op, each tensor, args, positions, slots.
-    torch::autograd::variable_list out(tensors.size() + 4);
-    for (size_t i = 0; i < tensors.size(); ++i) out[1 + i] = stack.at(slots[i]).toTensor();
+    torch::autograd::variable_list out(inputs + 4);
+    for (size_t i = 0; i < inputs; ++i) out[1 + i] = stack.at(slots[i]).toTensor();
     return out;
   }
 };

@@ -1,23 +1,33 @@
 // fused_linear_cross_entropy: cross_entropy(x @ weight.T + bias, target), the loss of an LLM's
 // head, without the [tokens, vocab] logits. Stock transformers materializes them in the
 // model's dtype and again in fp32 (for Llama-3-8B at 8192 tokens: 2.1 + 4.2 GB, plus the same
-// again for their gradient); here the tokens go through in chunks whose fp32 logits are about
-// the size of x, so the head's peak memory is a chunk's, not the vocabulary's times the tokens.
+// again for their gradient); here the vocabulary goes through in chunks of classes whose fp32
+// logits [tokens, chunk] are about twice x's bytes, so the head's peak memory is a chunk's.
 //
-// Forward and backward are composites of ATen ops (cuBLAS GEMMs on CUDA, per chunk), the same
-// code for CPU and CUDA, with shape-only Meta kernels (what torch.compile traces); the backward recomputes each chunk's logits from x (the op's one
-// mechanism: backward ops recompute, nothing but the inputs is saved), so a training step runs
-// the head's GEMM four times where stock runs it three: the price of not keeping the logits.
-// Numerics: logits and their softmax in fp32 (the GEMM accumulates in fp32 and its output is
-// not rounded to x's dtype first, unlike stock), the logits' gradient rounded once to x's dtype
-// for the two gradient GEMMs as stock autograd does, the GEMMs' outputs in fp32 (weight and
-// bias gradients accumulated over the chunks) and each gradient rounded once.
+// Chunks of classes, not of tokens: the weight gradient of a chunk of classes is complete
+// after one GEMM over all tokens (written once, in the weight's dtype), where chunks of tokens
+// would add a [vocab, hidden] partial product per chunk (for Llama-3-8B, 2.1 GB of fp32 read
+// and written 32 times a step); what accumulates here is x's gradient, [tokens, hidden] fp32,
+// in the GEMM (beta = 1).
+//
+// Forward, per chunk: the logits GEMM (cuBLAS, fp32 out), then one pass (include/ltx_kernels/
+// cross_entropy.h) carrying each row's online max and sum and picking the target's logit. The
+// op returns the loss and each row's log-sum-exp; autograd saves the latter (autograd.cpp), so
+// the backward recomputes each chunk's logits but not the softmax's normalizer: a training
+// step runs the head's GEMM four times where stock runs it three, the price of not keeping the
+// logits. Backward, per chunk: the logits again, one pass writing d loss / d logits rounded
+// to x's dtype (as stock autograd feeds its gradient GEMMs), then the weight's rows of the
+// chunk and the accumulation into x's gradient. Logits, softmax and both GEMMs' sums in fp32;
+// each gradient rounded once. The lse output is differentiable (a z-loss on it trains).
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 
+#include "ltx_kernels/cross_entropy.h"
 #include "torch/backward.h"
 #include "torch/common.h"
 #include "torch/registration.h"
@@ -75,26 +85,29 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   }
 }
 
-// Rows per chunk: fp32 logits of about x's size (the vocabulary over the hidden size fewer
-// rows than x has), a power of two.
-int64_t chunk_rows(int64_t rows, int64_t hidden, int64_t vocab) {
-  hidden = std::max<int64_t>(hidden, 1);
-  const int64_t factor = std::max<int64_t>(1, (vocab + hidden - 1) / hidden);
-  const int64_t want = std::max<int64_t>(1, (rows + factor - 1) / factor);
-  int64_t chunk = 1;
-  while (chunk < want) chunk *= 2;
-  return chunk;
+// Classes per chunk: fp32 logits of about twice x's bytes (the hidden size for 16-bit x, twice
+// it for fp32), a multiple of 128, at most the vocabulary.
+int64_t chunk_classes(int64_t hidden, int64_t vocab, int64_t x_bytes) {
+  const int64_t want = std::max<int64_t>(128, (2 * hidden * x_bytes / 4 + 127) / 128 * 128);
+  return std::min(want, vocab);
 }
 
-// The call as rows: x [rows, hidden], target [rows], and the rows per chunk.
+OptTensor contiguous(const OptTensor& t) { return t ? OptTensor(t->contiguous()) : std::nullopt; }
+
+// The call as rows: x [rows, hidden], target [rows] with ignored tokens as -1, which rows count.
 struct Rows {
-  Rows(const at::Tensor& x_, const at::Tensor& weight, const at::Tensor& target_)
-      : hidden(x_.size(-1)), vocab(weight.size(0)), x(x_.reshape({target_.numel(), hidden})), target(target_.reshape({-1})),
-        rows(x.size(0)), chunk(chunk_rows(rows, hidden, vocab)) {}
+  Rows(const at::Tensor& x_, const at::Tensor& weight, const at::Tensor& target_, int64_t ignore_index)
+      : hidden(x_.size(-1)), vocab(weight.size(0)), x(x_.reshape({target_.numel(), hidden})),
+        valid(target_.reshape({-1}) != ignore_index), target(target_.reshape({-1}).where(valid, -1).contiguous()),
+        rows(x.size(0)), chunk(chunk_classes(hidden, vocab, x_.element_size())) {}
   int64_t hidden, vocab;
-  at::Tensor x, target;
+  at::Tensor x, valid, target;
   int64_t rows, chunk;
 };
+
+// The op's own GEMMs run as written under autocast too (which would give bf16 logits to the
+// fp32 passes): the op decides its precision, the caller's autocast only its inputs'.
+using NoAutocast = c10::impl::ExcludeDispatchKeyGuard;
 
 // a @ b in fp32 from 16-bit operands: cuBLAS writes fp32 directly on CUDA; elsewhere upcast.
 at::Tensor mm_f32(const at::Tensor& a, const at::Tensor& b) {
@@ -103,94 +116,140 @@ at::Tensor mm_f32(const at::Tensor& a, const at::Tensor& b) {
   return at::mm(f32(a), f32(b));
 }
 
-// One chunk's fp32 logits [rows, vocab].
-at::Tensor chunk_logits(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
-  at::Tensor logits = mm_f32(x, weight.t());
-  if (bias) logits.add_(f32(*bias));
-  return logits;
+// The chunk [v0, v0 + logits.size(1)) of a call: its logits and its slice of the (contiguous) bias.
+CrossEntropyChunk chunk_of(const Rows& r, const at::Tensor& logits, const OptTensor& bias, int64_t v0) {
+  CrossEntropyChunk c;
+  c.rows = r.rows;
+  c.cols = logits.size(1);
+  c.logits = logits.const_data_ptr<float>();
+  c.logits_row_stride = logits.stride(0);
+  if (bias) {
+    c.bias_dtype = to_dtype(bias->scalar_type());
+    c.bias = static_cast<const char*>(bias->const_data_ptr()) + v0 * bias->element_size();
+  }
+  c.target = r.target.const_data_ptr<int64_t>();
+  c.class0 = v0;
+  return c;
 }
 
-// Per-row losses of one chunk (0 where ignored), and the logits' log-sum-exp.
-std::tuple<at::Tensor, at::Tensor> chunk_loss(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& valid) {
-  const at::Tensor lse = at::logsumexp(logits, 1);
-  const at::Tensor picked = logits.gather(1, target.where(valid, 0).unsqueeze(1)).squeeze(1);
-  return {(lse - picked).where(valid, 0.0), lse};
+// The loss of each row (0 where ignored) and its log-sum-exp.
+std::tuple<at::Tensor, at::Tensor> row_losses(const Rows& r, const at::Tensor& weight, const OptTensor& bias,
+                                              const at::Tensor& like) {
+  const at::TensorOptions f32_options = like.options().dtype(at::kFloat);
+  at::Tensor row_max = at::full({r.rows}, -INFINITY, f32_options), row_sum = at::zeros({r.rows}, f32_options);
+  at::Tensor picked = at::zeros({r.rows}, f32_options);
+  for (int64_t v0 = 0; v0 < r.vocab; v0 += r.chunk) {
+    const at::Tensor logits = mm_f32(r.x, weight.slice(0, v0, std::min(r.vocab, v0 + r.chunk)).t());
+    CrossEntropyStatsParams p;
+    p.chunk = chunk_of(r, logits, bias, v0);
+    p.row_max = row_max.mutable_data_ptr<float>();
+    p.row_sum = row_sum.mutable_data_ptr<float>();
+    p.picked = picked.mutable_data_ptr<float>();
+    run(p, like, "fused_linear_cross_entropy");
+  }
+  at::Tensor lse = row_max + row_sum.log();
+  return {(lse - picked).where(r.valid, 0.0), lse};
 }
 
-at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-                                      const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name) {
+std::tuple<at::Tensor, at::Tensor> fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight,
+                                                              const at::Tensor& target, const OptTensor& bias,
+                                                              int64_t ignore_index, c10::string_view reduction_name) {
   const Reduction reduction = parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index);
-  const Rows r(x, weight, target);
-  const at::Tensor &x2 = r.x, &t = r.target;
-  const int64_t rows = r.rows, chunk = r.chunk;
-  at::Tensor losses = at::empty({rows}, x.options().dtype(at::kFloat));
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t r1 = std::min(rows, r0 + chunk);
-    const at::Tensor tc = t.slice(0, r0, r1);
-    losses.slice(0, r0, r1).copy_(std::get<0>(chunk_loss(chunk_logits(x2.slice(0, r0, r1), weight, bias), tc,
-                                                          tc != ignore_index)));
-  }
-  if (reduction == Reduction::kNone) return losses.view(target.sizes());
+  const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
+  const Rows r(x, weight, target, ignore_index);
+  auto [losses, lse] = row_losses(r, weight, contiguous(bias), x);
+  lse = lse.view(target.sizes());
+  if (reduction == Reduction::kNone) return {losses.view(target.sizes()), lse};
   const at::Tensor total = losses.sum();
   // mean over the targets not ignored, as torch's cross_entropy (0 / 0 = NaN when all are)
-  return reduction == Reduction::kSum ? total : total / (t != ignore_index).sum().to(at::kFloat);
+  return {reduction == Reduction::kSum ? total : total / r.valid.sum().to(at::kFloat), lse};
 }
 
 // Gradients of x, weight, target (none: class indices) and bias, each chunk's logits
-// recomputed: d loss / d logits = (softmax - one_hot(target)) * the row's loss gradient.
+// recomputed: d loss / d logits = softmax * (g_loss + g_lse) - one_hot(target) * g_loss per row.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backward(
-    const at::Tensor& grad_loss, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name) {
+    const at::Tensor& grad_loss, const at::Tensor& grad_lse, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& target, const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name,
+    const at::Tensor& /*loss*/, const at::Tensor& lse) {
+  constexpr const char* kOp = "fused_linear_cross_entropy_backward";
   const Reduction reduction = parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index);
-  const Rows r(x, weight, target);
-  const at::Tensor &x2 = r.x, &t = r.target;
-  const int64_t rows = r.rows, hidden = r.hidden, vocab = r.vocab, chunk = r.chunk;
+  TORCH_CHECK_VALUE(lse.sizes() == target.sizes() && lse.scalar_type() == at::kFloat, kOp,
+                    ": lse must be float32 of target's shape ", dims_str(target.sym_sizes()), ", got ",
+                    lse.scalar_type(), " ", dims_str(lse.sym_sizes()));
+  TORCH_CHECK_VALUE(grad_lse.sizes() == target.sizes(), kOp, ": grad_lse must have target's shape ",
+                    dims_str(target.sym_sizes()), ", got ", dims_str(grad_lse.sym_sizes()));
+  const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
+  const Rows r(x, weight, target, ignore_index);
+  const OptTensor bias_c = contiguous(bias);
   // The loss gradient of each row: grad_loss itself (none), broadcast (sum), or over the count
-  // of targets not ignored (mean).
+  // of targets not ignored (mean); 0 on ignored rows.
   at::Tensor row_grad = f32(grad_loss);
   if (reduction == Reduction::kNone) {
     row_grad = row_grad.reshape({-1});
   } else {
-    if (reduction == Reduction::kMean) row_grad = row_grad / (t != ignore_index).sum().to(at::kFloat);
-    row_grad = row_grad.expand({rows});
+    if (reduction == Reduction::kMean) row_grad = row_grad / r.valid.sum().to(at::kFloat);
+    row_grad = row_grad.expand({r.rows});
   }
-  at::Tensor grad_x = at::empty_like(x2);
-  at::Tensor grad_w = at::zeros({vocab, hidden}, weight.options().dtype(at::kFloat));
-  at::Tensor grad_b = bias ? at::zeros({vocab}, weight.options().dtype(at::kFloat)) : at::Tensor();
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t r1 = std::min(rows, r0 + chunk);
-    const at::Tensor xc = x2.slice(0, r0, r1), tc = t.slice(0, r0, r1), valid = tc != ignore_index;
-    at::Tensor logits = chunk_logits(xc, weight, bias);
-    const at::Tensor lse = std::get<1>(chunk_loss(logits, tc, valid));
-    // In place: logits -> softmax -> minus the one-hot -> times the row's gradient.
-    logits.sub_(lse.unsqueeze(1)).exp_();
-    logits.scatter_add_(1, tc.where(valid, 0).unsqueeze(1), -valid.to(at::kFloat).unsqueeze(1));
-    logits.mul_(row_grad.slice(0, r0, r1).where(valid, 0.0).unsqueeze(1));
-    if (bias) grad_b.add_(logits.sum(0));
-    const at::Tensor dlogits = logits.to(x.scalar_type());
-    grad_x.slice(0, r0, r1).copy_(mm_f32(dlogits, weight));  // rounded once, by the copy
-    // (an fp32 product, then added: addmm's out_dtype form takes a 16-bit addend only on
-    // some torch versions)
-    grad_w.add_(mm_f32(dlogits.t(), xc));
+  const at::Tensor target_weight = row_grad.where(r.valid, 0.0).contiguous();
+  const at::Tensor softmax_weight = (target_weight + f32(grad_lse).reshape({-1})).contiguous();
+  const at::Tensor lse_rows = lse.reshape({-1}).contiguous();
+  // d loss / d logits in x's dtype for the GEMMs; in fp32 first when the bias's gradient (its
+  // column sums) is wanted, so that it is rounded once.
+  const at::ScalarType logit_grad_dtype = bias ? at::kFloat : x.scalar_type();
+  at::Tensor grad_x = at::zeros({r.rows, r.hidden}, x.options().dtype(at::kFloat));
+  at::Tensor grad_w = at::empty_like(weight, at::MemoryFormat::Contiguous);
+  at::Tensor grad_b = bias ? at::empty({r.vocab}, x.options().dtype(at::kFloat)) : at::Tensor();
+  for (int64_t v0 = 0; v0 < r.vocab; v0 += r.chunk) {
+    const int64_t v1 = std::min(r.vocab, v0 + r.chunk);
+    const at::Tensor w = weight.slice(0, v0, v1);
+    const at::Tensor logits = mm_f32(r.x, w.t());
+    at::Tensor dlogits = at::empty({r.rows, v1 - v0}, x.options().dtype(logit_grad_dtype));
+    CrossEntropyGradParams p;
+    p.chunk = chunk_of(r, logits, bias_c, v0);
+    p.lse = lse_rows.const_data_ptr<float>();
+    p.softmax_weight = softmax_weight.const_data_ptr<float>();
+    p.target_weight = target_weight.const_data_ptr<float>();
+    p.grad_dtype = to_dtype(logit_grad_dtype);
+    p.grad = dlogits.mutable_data_ptr();
+    p.grad_row_stride = dlogits.stride(0);
+    run(p, x, kOp);
+    if (bias) {
+      grad_b.slice(0, v0, v1).copy_(dlogits.sum(0));
+      dlogits = dlogits.to(x.scalar_type());
+    }
+    at::Tensor grad_w_rows = grad_w.slice(0, v0, v1);
+    if (x.scalar_type() == at::kFloat) {
+      at::mm_out(grad_w_rows, dlogits.t(), r.x);
+      grad_x.addmm_(dlogits, w);
+    } else if (x.is_cuda()) {
+      at::mm_out(grad_w_rows, dlogits.t(), r.x);  // fp32 sums, rounded once by cuBLAS
+      at::addmm_out(grad_x, grad_x, dlogits, w, at::kFloat);  // grad_x += dlogits @ w, in the GEMM
+    } else {
+      grad_w_rows.copy_(at::mm(f32(dlogits).t(), f32(r.x)));
+      grad_x.addmm_(f32(dlogits), f32(w));
+    }
   }
-  return {grad_x.view(x.sizes()), grad_w.to(weight.scalar_type()), none_grad(target),
+  return {grad_x.to(x.scalar_type()).view(x.sizes()), grad_w, none_grad(target),
           bias ? grad_b.to(bias->scalar_type()) : none_grad(x)};
 }
 
-at::Tensor fused_linear_cross_entropy_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-                                           const OptTensor& bias, int64_t ignore_index,
-                                           c10::string_view reduction_name) {
+std::tuple<at::Tensor, at::Tensor> fused_linear_cross_entropy_meta(const at::Tensor& x, const at::Tensor& weight,
+                                                                   const at::Tensor& target, const OptTensor& bias,
+                                                                   int64_t ignore_index,
+                                                                   c10::string_view reduction_name) {
   const Reduction reduction = parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index, /*check_values=*/false);
   const at::TensorOptions options = x.options().dtype(at::kFloat);
-  return reduction == Reduction::kNone ? at::empty_symint(target.sym_sizes(), options) : at::empty({}, options);
+  at::Tensor lse = at::empty_symint(target.sym_sizes(), options);
+  return {reduction == Reduction::kNone ? at::empty_symint(target.sym_sizes(), options) : at::empty({}, options), lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backward_meta(
-    const at::Tensor& grad_loss, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& target,
-    const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name) {
+    const at::Tensor& /*grad_loss*/, const at::Tensor& /*grad_lse*/, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& target, const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name,
+    const at::Tensor& /*loss*/, const at::Tensor& /*lse*/) {
   parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index, /*check_values=*/false);
   return {at::empty_like(x), at::empty_like(weight), none_grad(target), bias ? at::empty_like(*bias) : none_grad(x)};

@@ -100,12 +100,13 @@ LTX_KERNELS_LIBRARY(m) {
   def_with_backward("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor",
                     "linear_gelu_tanh_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias)"
                     " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
-  // An LLM head's linear + cross-entropy loss in chunks of tokens, no full logits
-  // (cross_entropy.cpp). grad_target is always empty: target holds class indices.
+  // An LLM head's linear + cross-entropy loss in chunks of classes, no full logits
+  // (cross_entropy.cpp): the loss and each token's log-sum-exp, which the backward takes (saved,
+  // not recomputed). grad_target is always empty: target holds class indices.
   def_with_backward("fused_linear_cross_entropy(Tensor x, Tensor weight, Tensor target, Tensor? bias=None,"
-                    " int ignore_index=-100, str reduction='mean') -> Tensor",
-                    "fused_linear_cross_entropy_backward(Tensor grad_loss, Tensor x, Tensor weight, Tensor target,"
-                    " Tensor? bias=None, int ignore_index=-100, str reduction='mean')"
+                    " int ignore_index=-100, str reduction='mean') -> (Tensor loss, Tensor lse)",
+                    "fused_linear_cross_entropy_backward(Tensor grad_loss, Tensor grad_lse, Tensor x, Tensor weight,"
+                    " Tensor target, Tensor? bias, int ignore_index, str reduction, Tensor loss, Tensor lse)"
                     " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_target, Tensor grad_bias)");
   // FP8 linear path (quantize.cpp): rows to float8 e4m3 with one fp32 scale per row (of x or
   // of an activation of x: 'none' or 'gelu_tanh'), and the GEMM of two such operands (weight

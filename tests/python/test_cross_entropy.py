@@ -49,8 +49,8 @@ def make(rows, hidden, vocab, dtype, device, ignored=0.25, bias=True, lead=()):
     return x, weight, target.where(keep, -100), b
 
 
-# (rows, hidden, vocab): one class, odd sizes, vocab > hidden (several chunks: the chunk holds
-# about rows * hidden / vocab rows) and vocab < hidden (one chunk).
+# (rows, hidden, vocab): one class, odd sizes, several chunks of classes (a chunk holds 128
+# classes at these hidden sizes: 8 chunks, the last of 104; 3, the last of one class) and one.
 SHAPES = [(1, 8, 1), (7, 3, 5), (67, 16, 1000), (130, 64, 257), (33, 96, 40)]
 
 
@@ -85,6 +85,34 @@ def test_gradients_match_the_formula(device, dtype, shape, reduction):
     check_grads(lambda x, w, b: k * ltx_kernels.fused_linear_cross_entropy(x, w, target, b, reduction=reduction),
                 lambda x, w, b: k * formula(x, w, target, b, reduction=reduction, logit_grad_dtype=dtype),
                 leaves, leaves, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_sum_exp_and_its_gradient(device, dtype):
+    """return_lse: each token's log-sum-exp of the logits (ignored tokens too), differentiable:
+    a z-loss on it trains x, weight and bias as torch's formula does."""
+    x, weight, target, bias = make(67, 16, 1000, dtype, device)
+    loss, lse = ltx_kernels.fused_linear_cross_entropy(x, weight, target, bias, return_lse=True)
+    logits = (x.double() @ weight.double().T + bias.double())
+    assert lse.dtype == torch.float32 and lse.shape == target.shape
+    assert_close(lse, torch.logsumexp(logits, -1), torch.float32, scale=10.0)
+
+    def z_loss(head):
+        def f(x, w, b):
+            loss, lse = head(x, w, b)
+            return 1000 * (loss + 1e-2 * lse.square().mean())
+        return f
+
+    def ours(x, w, b):
+        return ltx_kernels.fused_linear_cross_entropy(x, w, target, b, return_lse=True)
+
+    def stock(x, w, b):
+        logits = RoundedGradient.apply(F.linear(x, w), dtype) + b
+        return F.cross_entropy(logits, target, ignore_index=-100), torch.logsumexp(logits, -1)
+
+    leaves = [t.requires_grad_() for t in (x, weight, bias)]
+    check_grads(z_loss(ours), z_loss(stock), leaves, leaves, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -108,7 +108,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         )
 
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if encoder_hidden_states is not None and self._takes_short_kernel(query, key):
+        if encoder_hidden_states is not None and self._takes_short_kernel(query, key, value):
             hidden_states = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                           attn_mask=attention_mask).transpose(1, 2)
         else:
@@ -118,15 +118,17 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
             )
         return hidden_states.flatten(2, 3).to(query.dtype)
 
-    def _takes_short_kernel(self, query: torch.Tensor, key: torch.Tensor) -> bool:
-        """Whether a cross-attention ([B, S, H, D] query, key) runs ``ltx_kernels.attention``
+    def _takes_short_kernel(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+        """Whether a cross-attention ([B, S, H, D] query, key, value) runs ``ltx_kernels.attention``
         (exact; its short-key kernel: at most 128 keys, LTX's text) instead of diffusers'
         dispatcher: where no backend was chosen (neither this processor's nor an active one other
         than diffusers' default, the native SDPA) nor context parallelism, on a GPU the kernel
-        takes."""
+        takes, and where no gradient flows through it: the kernel is forward-only, so a training
+        forward (LoRA fine-tuning) keeps diffusers' SDPA, which has a backward."""
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-        return (self._attention_backend is None and self._parallel_config is None
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return (not needs_grad and self._attention_backend is None and self._parallel_config is None
                 and _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
                 and query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)
                 and key.size(1) <= SHORT_KEYS and query.size(-1) in (64, 128)
