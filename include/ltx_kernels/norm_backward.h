@@ -6,9 +6,10 @@
 //   dx    = d loss / d h through y = xhat * w + bias, plus grad_new_residual when given
 //   dw    = sum over rows of dy * xhat,  dbias = sum over rows of dy
 // in fp32, dx rounded once. dx is written to out and, when set, to out_b (fused_add_rms_norm's
-// residual gets the same gradient as x). dw and dbias are reduced per block in fp32: block i
-// writes row i of dweight_partial / dbias_partial ([blocks, cols]); the caller sums the rows
-// (no atomics, so the result does not depend on the order blocks finish). The CPU reference is
+// residual gets the same gradient as x). dw and dbias are reduced per block in fp32 (block i
+// writes row i of dweight_partial / dbias_partial, [blocks, cols]), then the partial rows are
+// summed in block order by a second kernel that writes dweight / dbias in the weight's dtype:
+// no atomics, so the result does not depend on the order blocks finish. The CPU reference is
 // the ATen composition of src/torch/norm_backward.cpp, which also serves rows too long for
 // this kernel (norm_backward_supported).
 #pragma once
@@ -39,7 +40,8 @@ struct NormBackwardParams {
   int64_t grad_out_row_stride = 0;
   const void* grad_new_residual = nullptr;  // optional (with residual): added to dx
   int64_t grad_new_residual_row_stride = 0;
-  const float* weight = nullptr;  // [cols] optional, fp32 (the caller converts a 16-bit weight)
+  const void* weight = nullptr;  // [cols] optional, in weight_dtype (dtype or float32)
+  DType weight_dtype = DType::kFloat32;  // of weight, bias (absent here: only its gradient), dweight, dbias
   float weight_offset = 0.0f;
 
   void* out = nullptr;  // dx, [rows, cols]
@@ -48,8 +50,10 @@ struct NormBackwardParams {
   int64_t out_b_row_stride = 0;
 
   int64_t blocks = 1;                // CUDA blocks, each its own partial row
-  float* dweight_partial = nullptr;  // [blocks, cols], with weight
-  float* dbias_partial = nullptr;    // [blocks, cols] optional, layer norm only
+  float* dweight_partial = nullptr;  // [blocks, cols] fp32 scratch, with weight
+  void* dweight = nullptr;           // [cols], with weight
+  float* dbias_partial = nullptr;    // [blocks, cols] fp32 scratch, layer norm with a bias only
+  void* dbias = nullptr;             // [cols], with dbias_partial
 };
 
 ValidationError validate(const NormBackwardParams& p);

@@ -13,7 +13,11 @@ ValidationError validate(const NormBackwardParams& p) {
   if (p.residual != nullptr && p.type != NormType::kRms) return "a residual is only defined for the RMS norm";
   if (p.grad_new_residual != nullptr && p.residual == nullptr) return "grad_new_residual needs a residual";
   if (p.dbias_partial != nullptr && p.type != NormType::kLayer) return "a bias is only defined for layer norm";
-  if ((p.weight == nullptr) != (p.dweight_partial == nullptr)) return "weight and dweight_partial go together";
+  if ((p.weight == nullptr) != (p.dweight_partial == nullptr) || (p.weight == nullptr) != (p.dweight == nullptr))
+    return "weight, dweight_partial and dweight go together";
+  if ((p.dbias_partial == nullptr) != (p.dbias == nullptr)) return "dbias_partial and dbias go together";
+  if (p.weight_dtype != p.dtype && p.weight_dtype != DType::kFloat32)
+    return "weight_dtype must be dtype or float32";
   if (p.rows == 0 || p.cols == 0) return nullptr;
   if (p.x == nullptr) return "x is null";
   if (p.grad_out == nullptr) return "grad_out is null";

@@ -5,9 +5,11 @@
 // (RMS: sum h^2 and sum dxhat * h together; layer norm: the mean, then three sums), and dx
 // written. A thread keeps the same columns for every row it visits, so its share of dw and
 // dbias accumulates in fp32 registers over all of them; at the end the block's row groups add
-// theirs in shared memory in a fixed order and the block writes its partial row.
+// theirs in shared memory in a fixed order and the block writes its partial row, which a
+// second kernel sums over the blocks.
 #include <climits>
 
+#include "core/convert.cuh"
 #include "core/reduce.cuh"
 #include "core/vec.cuh"
 #include "ops/norm_backward_plan.h"
@@ -37,8 +39,10 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
   for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
     for (int j = 0; j < N; ++j) w[i].v[j] = 1.0f, dw[i].v[j] = 0.0f, db[i].v[j] = 0.0f;
-    if (p.weight && valid(i)) {
-      const Vec<float, N> wv = core::load_cached<float, N>(p.weight + col(i));
+    if (p.weight && valid(i)) {  // once per thread: the dtype's branch costs nothing
+      const Floats<N> wv = p.weight_dtype == DType::kFloat32
+                               ? core::widen(core::load_cached<float, N>(static_cast<const float*>(p.weight) + col(i)))
+                               : core::widen(core::load_cached<T, N>(static_cast<const T*>(p.weight) + col(i)));
 #pragma unroll
       for (int j = 0; j < N; ++j) w[i].v[j] = wv.v[j] + p.weight_offset;
     }
@@ -178,6 +182,42 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
   }
 }
 
+// dweight / dbias: the partial rows summed in block order (fp32), stored in the weight's dtype.
+// A block covers 32 columns with 8 slices of the partial rows, whose sums are added in slice
+// order: coalesced 128-byte rows, several loads in flight per thread.
+constexpr int kSumColumns = 32, kSumSlices = 8;
+
+template <typename W>
+__global__ void __launch_bounds__(kSumColumns * kSumSlices)
+    sum_partial_rows_kernel(const float* partial, int64_t blocks, int64_t cols, W* out) {
+  __shared__ float slices[kSumSlices][kSumColumns];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
+  float sum = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t b = threadIdx.y; b < blocks; b += kSumSlices) sum += partial[b * cols + c];
+  }
+  slices[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = slices[0][threadIdx.x];
+#pragma unroll
+  for (int s = 1; s < kSumSlices; ++s) total += slices[s][threadIdx.x];
+  out[c] = core::from_float<W>(total);
+}
+
+template <typename T>
+cudaError_t sum_partial_rows(const NormBackwardParams& p, const float* partial, void* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.cols + kSumColumns - 1) / kSumColumns));
+  const dim3 block(kSumColumns, kSumSlices);
+  if (p.weight_dtype == DType::kFloat32) {
+    sum_partial_rows_kernel<float><<<grid, block, 0, stream>>>(partial, p.blocks, p.cols, static_cast<float*>(out));
+  } else {
+    sum_partial_rows_kernel<T><<<grid, block, 0, stream>>>(partial, p.blocks, p.cols, static_cast<T*>(out));
+  }
+  return cudaGetLastError();
+}
+
 template <typename T, int N, int ITEMS, int TPR>
 cudaError_t launch_shape(const NormBackwardParams& p, cudaStream_t stream) {
   const dim3 block(TPR, kNormBackwardThreads / TPR);
@@ -209,7 +249,10 @@ cudaError_t launch_vec(const NormBackwardParams& p, const NormBackwardPlan& plan
 template <typename T>
 cudaError_t launch_typed(const NormBackwardParams& p, const NormBackwardPlan& plan, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  return plan.vec == kVec ? launch_vec<T, kVec>(p, plan, stream) : launch_vec<T, 1>(p, plan, stream);
+  cudaError_t error = plan.vec == kVec ? launch_vec<T, kVec>(p, plan, stream) : launch_vec<T, 1>(p, plan, stream);
+  if (error == cudaSuccess && p.dweight_partial) error = sum_partial_rows<T>(p, p.dweight_partial, p.dweight, stream);
+  if (error == cudaSuccess && p.dbias_partial) error = sum_partial_rows<T>(p, p.dbias_partial, p.dbias, stream);
+  return error;
 }
 
 }  // namespace

@@ -200,9 +200,13 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
   if (residual) g.d_residual = at::empty(x.sizes(), x.options());
-  g.dweight = weight ? at::zeros(weight->sizes(), weight->options()) : none_grad(x);
-  g.dbias = bias ? at::zeros(bias->sizes(), bias->options()) : none_grad(x);
-  if (p.rows == 0 || p.cols == 0) return g;
+  g.dweight = none_grad(x);
+  g.dbias = none_grad(x);
+  if (p.rows == 0 || p.cols == 0) {  // no rows: zero weight and bias gradients
+    if (weight) g.dweight = at::zeros(weight->sizes(), weight->options());
+    if (bias) g.dbias = at::zeros(bias->sizes(), bias->options());
+    return g;
+  }
   const Rows x_rows = as_rows(x), dy_rows = as_rows(last_dim_contiguous(grad_out));
   p.x = x_rows.tensor.const_data_ptr();
   p.x_row_stride = x_rows.row_stride;
@@ -221,8 +225,16 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
   }
   p.out = g.dx.mutable_data_ptr();
   p.out_row_stride = p.cols;
-  const at::Tensor w32 = weight ? weight->to(at::kFloat).contiguous() : at::Tensor();
-  if (weight) p.weight = w32.const_data_ptr<float>();
+  // The forward's checks made weight and bias [D] vectors in x's dtype or float32 (one dtype
+  // both, as the forward reads them); contiguous copies only where a view is strided.
+  const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
+  if (weight) {
+    p.weight = w.const_data_ptr();
+    p.weight_dtype = to_dtype(w.scalar_type());
+  } else if (bias) {
+    p.weight_dtype = to_dtype(bias->scalar_type());
+  }
+  if (weight && bias && bias->scalar_type() != weight->scalar_type()) return std::nullopt;
   if (!norm_backward_supported(p)) return std::nullopt;
   // Two blocks an SM, each summing its rows' dw / dbias in fp32; their partial rows summed once.
   const int64_t sms = at::cuda::getDeviceProperties(x.device().index())->multiProcessorCount;
@@ -231,15 +243,17 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
   if (weight) {
     dw_partial = at::empty({p.blocks, p.cols}, x.options().dtype(at::kFloat));
     p.dweight_partial = dw_partial.mutable_data_ptr<float>();
+    g.dweight = at::empty(weight->sizes(), weight->options());
+    p.dweight = g.dweight.mutable_data_ptr();
   }
   if (bias) {
     db_partial = at::empty({p.blocks, p.cols}, x.options().dtype(at::kFloat));
     p.dbias_partial = db_partial.mutable_data_ptr<float>();
+    g.dbias = at::empty(bias->sizes(), bias->options());
+    p.dbias = g.dbias.mutable_data_ptr();
   }
   check_core(p, op);
   run_cuda(p, x, op);
-  if (weight) g.dweight = dw_partial.sum(0).to(weight->scalar_type()).view(weight->sizes());
-  if (bias) g.dbias = db_partial.sum(0).to(bias->scalar_type()).view(bias->sizes());
   return g;
 }
 
