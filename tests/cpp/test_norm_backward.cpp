@@ -39,8 +39,16 @@ TEST(NormBackwardValidate, AcceptsTheFormsTheTorchLayerPasses) {
   layer.type = NormType::kLayer;
   layer.weight = reinterpret_cast<const float*>(0x6000);
   layer.dweight_partial = reinterpret_cast<float*>(0x7000);
+  layer.dweight = reinterpret_cast<void*>(0x7800);
   layer.dbias_partial = reinterpret_cast<float*>(0x8000);
+  layer.dbias = reinterpret_cast<void*>(0x8800);
   EXPECT_EQ(message(layer), "");
+  NormBackwardParams half_weight = backward_params(DType::kBFloat16, 2048);  // a bf16 weight read as it is
+  half_weight.weight = reinterpret_cast<const void*>(0x6000);
+  half_weight.weight_dtype = DType::kBFloat16;
+  half_weight.dweight_partial = reinterpret_cast<float*>(0x7000);
+  half_weight.dweight = reinterpret_cast<void*>(0x7800);
+  EXPECT_EQ(message(half_weight), "");
   EXPECT_EQ(message(backward_params(DType::kFloat16, 0, 0)), "");  // nothing to do: no pointers needed
 }
 
@@ -57,7 +65,16 @@ TEST(NormBackwardValidate, RejectsBadParams) {
   EXPECT_EQ(message(p), "a bias is only defined for layer norm");
   p = backward_params(DType::kBFloat16, 64);
   p.weight = reinterpret_cast<const float*>(0x6000);
-  EXPECT_EQ(message(p), "weight and dweight_partial go together");
+  EXPECT_EQ(message(p), "weight, dweight_partial and dweight go together");
+  p.dweight_partial = reinterpret_cast<float*>(0x7000);
+  EXPECT_EQ(message(p), "weight, dweight_partial and dweight go together");  // dweight missing
+  p.dweight = reinterpret_cast<void*>(0x7800);
+  p.weight_dtype = DType::kFloat16;
+  EXPECT_EQ(message(p), "weight_dtype must be dtype or float32");
+  p = backward_params(DType::kFloat32, 64);
+  p.type = NormType::kLayer;
+  p.dbias_partial = reinterpret_cast<float*>(0x8000);
+  EXPECT_EQ(message(p), "dbias_partial and dbias go together");
   p = backward_params(DType::kBFloat16, 64);
   p.eps = -1.0f;
   EXPECT_EQ(message(p), "eps must be >= 0");
