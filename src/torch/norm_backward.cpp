@@ -3,10 +3,15 @@
 // an absent optional one. The row statistics are recomputed from x (one reduction) rather
 // than saved.
 //
-// Written with ATen ops, so one implementation serves CPU, CUDA and Meta (torch.compile).
-// On CUDA, rms_norm, fused_add_rms_norm and layer_norm run the fused kernel instead
-// (ltx_kernels/norm_backward.h), whenever its form applies: grad_out in x's dtype and a row
-// that fits in registers (norm_backward_supported); the composition otherwise.
+// rms_norm, layer_norm, fused_add_rms_norm and adaln_layer_norm: written with ATen ops, so one
+// implementation serves CPU, CUDA and Meta (torch.compile); on CUDA, the first three run the
+// fused kernel instead (ltx_kernels/norm_backward.h) whenever its form applies: grad_out in x's
+// dtype and a row that fits in registers (norm_backward_supported); the composition otherwise.
+// adaln_rms_norm and gated_residual_adaln_rms_norm: one pass per row on every device
+// (ltx_kernels/adaln_backward.h: C++ reference on the CPU, a kernel on CUDA), Meta shapes apart.
+#include <algorithm>
+
+#include "ltx_kernels/adaln_backward.h"
 #include "torch/backward.h"
 #include "torch/common.h"
 #include "torch/op_checks.h"
@@ -122,18 +127,6 @@ Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor&
   return {d.to(x.scalar_type()), d.to(residual.scalar_type()), dw};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backward(
-    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
-    const OptTensor& weight, double eps) {
-  check_norm_args("adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, &scale, &shift);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
-  const auto [dnorm, dscale, dshift] =
-      modulation_backward(f32(grad_out), norm_output(x, weight, std::nullopt, false, eps), scale, shift);
-  const auto [dx, dw, db] = affine_norm_backward(dnorm, x, weight, std::nullopt, false, eps, 0.0);
-  return {dx.to(x.scalar_type()), dscale, dshift, dw};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, const OptTensor& bias, double eps) {
@@ -146,6 +139,74 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_lay
   return {dx.to(x.scalar_type()), dscale, dshift, dw, db};
 }
 
+// The AdaLN RMS norms' backward (include/ltx_kernels/adaln_backward.h): one pass per row, the C++
+// reference on the CPU and the kernel on CUDA, then the broadcast arguments' gradients summed
+// from its fp32 terms (scale's, weight's, gate's) and from g (shift's).
+struct AdalnRows {
+  at::Tensor dx, dy, gn, dw, dg;
+};
+
+AdalnRows adaln_backward_rows(const char* op, const at::Tensor& grad_out, const at::Tensor* grad_h,
+                              const at::Tensor& x, const at::Tensor* y, const OptTensor& gate,
+                              const at::Tensor& scale, const OptTensor& weight, double eps) {
+  const Rows xr = as_rows(x), gr = as_rows(last_dim_contiguous(grad_out));
+  AdalnBackwardParams p;
+  p.dtype = to_dtype(x.scalar_type());
+  p.rows = xr.rows;
+  p.cols = xr.cols;
+  p.eps = static_cast<float>(eps);
+  p.tokens = std::max<int64_t>(1, xr.rows / batches_of(x));
+  p.x = xr.tensor.const_data_ptr();
+  p.x_row_stride = xr.row_stride;
+  p.grad_out = gr.tensor.const_data_ptr();
+  p.grad_out_row_stride = gr.row_stride;
+  at::Tensor keep[2];
+  p.scale = row_vectors(scale, x, keep[0]);
+  const at::TensorOptions f32_options = x.options().dtype(at::kFloat);
+  AdalnRows out{at::empty(x.sizes(), x.options()), at::Tensor(), at::empty({xr.rows, xr.cols}, f32_options)};
+  p.dx = out.dx.mutable_data_ptr();
+  p.dx_row_stride = xr.cols;
+  p.gn = out.gn.mutable_data_ptr<float>();
+  at::Tensor w32;
+  if (weight) {
+    w32 = f32(*weight).contiguous();
+    p.weight = w32.const_data_ptr<float>();
+    out.dw = at::empty({xr.rows, xr.cols}, f32_options);
+    p.dw = out.dw.mutable_data_ptr<float>();
+  }
+  Rows yr, hr;
+  if (y) {
+    yr = as_rows(*y);
+    hr = as_rows(last_dim_contiguous(*grad_h));
+    p.y = yr.tensor.const_data_ptr();
+    p.y_row_stride = yr.row_stride;
+    p.grad_h = hr.tensor.const_data_ptr();
+    p.grad_h_row_stride = hr.row_stride;
+    out.dy = at::empty(x.sizes(), y->options());
+    p.dy = out.dy.mutable_data_ptr();
+    p.dy_row_stride = xr.cols;
+    if (gate) {
+      p.gate = row_vectors(*gate, x, keep[1]);
+      out.dg = at::empty({xr.rows, xr.cols}, f32_options);
+      p.dg = out.dg.mutable_data_ptr<float>();
+    }
+  }
+  if (xr.rows > 0 && xr.cols > 0) run(p, x, op);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backward(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+    const OptTensor& weight, double eps) {
+  constexpr const char* kOp = "adaln_rms_norm_backward";
+  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  const AdalnRows r = adaln_backward_rows(kOp, grad_out, nullptr, x, nullptr, std::nullopt, scale, weight, eps);
+  return {r.dx, reduce_like(r.gn.view(x.sizes()), scale), reduce_like(f32(grad_out), shift),
+          weight ? reduce_like(r.dw.view(x.sizes()), *weight) : none_grad(x)};
+}
+
 // x_new = x + y * gate (rounded to the dtype), normed = adaln_rms_norm(x_new): x_new's
 // gradient is its own plus the norm's, and flows to x, y and gate.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -153,20 +214,44 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
                                        const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
                                        const at::Tensor& scale, const at::Tensor& shift, const OptTensor& weight,
                                        double eps) {
-  check_norm_args("gated_residual_adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  constexpr const char* kOp = "gated_residual_adaln_rms_norm_backward";
+  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
   check_like(y, "y", x, "x");
   if (gate) check_row_vectors(*gate, "gate", x);
   check_modulation(x, &scale, &shift);
   check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
   check_grad(grad_normed, "grad_normed", x, x.scalar_type());
-  const at::Tensor yg = gate ? f32(y) * f32(*gate) : f32(y);
-  const at::Tensor x_new = (f32(x) + yg).to(x.scalar_type());
-  const auto [dnorm, dscale, dshift] =
-      modulation_backward(f32(grad_normed), norm_output(x_new, weight, std::nullopt, false, eps), scale, shift);
-  const auto [dh, dw, db] = affine_norm_backward(dnorm, x_new, weight, std::nullopt, false, eps, 0.0);
-  const at::Tensor d = dh + f32(grad_x_new);
-  return {d.to(x.scalar_type()), (gate ? d * f32(*gate) : d).to(y.scalar_type()),
-          gate ? reduce_like(d * f32(y), *gate) : none_grad(x), dscale, dshift, dw};
+  const AdalnRows r = adaln_backward_rows(kOp, grad_normed, &grad_x_new, x, &y, gate, scale, weight, eps);
+  return {r.dx, r.dy, gate ? reduce_like(r.dg.view(x.sizes()), *gate) : none_grad(x),
+          reduce_like(r.gn.view(x.sizes()), scale), reduce_like(f32(grad_normed), shift),
+          weight ? reduce_like(r.dw.view(x.sizes()), *weight) : none_grad(x)};
+}
+
+// Meta: the gradients' shapes and dtypes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backward_meta(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+    const OptTensor& weight, double eps) {
+  check_norm_args("adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  return {at::empty_like(x), at::empty_like(scale), at::empty_like(shift),
+          weight ? at::empty_like(*weight) : none_grad(x)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+gated_residual_adaln_rms_norm_backward_meta(const at::Tensor& grad_x_new, const at::Tensor& grad_normed,
+                                            const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
+                                            const at::Tensor& scale, const at::Tensor& shift,
+                                            const OptTensor& weight, double eps) {
+  constexpr const char* kOp = "gated_residual_adaln_rms_norm_backward";
+  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
+  check_grad(grad_normed, "grad_normed", x, x.scalar_type());
+  return {at::empty_like(x), at::empty_like(y), gate ? at::empty_like(*gate) : none_grad(x), at::empty_like(scale),
+          at::empty_like(shift), weight ? at::empty_like(*weight) : none_grad(x)};
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
@@ -298,9 +383,17 @@ LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
   m.impl("rms_norm_backward", &rms_norm_backward);
   m.impl("layer_norm_backward", &layer_norm_backward);
   m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward);
-  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward);
   m.impl("adaln_layer_norm_backward", &adaln_layer_norm_backward);
+}
+
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
+  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward);
   m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward);
+}
+
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
+  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward_meta);
+  m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward_meta);
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
@@ -308,6 +401,8 @@ LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
   m.impl("rms_norm_backward", &rms_norm_backward_cuda);
   m.impl("layer_norm_backward", &layer_norm_backward_cuda);
   m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward_cuda);
+  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward);
+  m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward);
 }
 #endif
 
