@@ -3,10 +3,10 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/ExpandUtils.h>
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace ltx_kernels::torch_ext {
 
@@ -20,9 +20,16 @@ inline at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
 inline at::Tensor none_grad(const at::Tensor& x) { return at::empty({0}, x.options()); }
 
 // g summed over the dims that `like` broadcasts over (a [D] weight, a [B, 1, D] scale or
-// gate), in like's dtype.
+// gate), in like's dtype. The sum accumulates and returns fp32 whatever g's dtype, so that a
+// 16-bit g needs no fp32 copy first.
 inline at::Tensor reduce_like(const at::Tensor& g, const at::Tensor& like) {
-  return at::sum_to(g, like.sym_sizes()).to(like.scalar_type());
+  const int64_t lead = g.dim() - like.dim();
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (d < lead || (like.sym_size(d - lead) == 1 && g.sym_size(d) != 1)) dims.push_back(d);
+  }
+  const at::Tensor sum = dims.empty() ? g.to(at::kFloat) : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
+  return sum.view_symint(like.sym_sizes()).to(like.scalar_type());
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -203,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backwa
   check_modulation(x, &scale, &shift);
   check_grad(grad_out, "grad_out", x, x.scalar_type());
   const AdalnRows r = adaln_backward_rows(kOp, grad_out, nullptr, x, nullptr, std::nullopt, scale, weight, eps);
-  return {r.dx, reduce_like(r.gn.view(x.sizes()), scale), reduce_like(f32(grad_out), shift),
+  return {r.dx, reduce_like(r.gn.view(x.sizes()), scale), reduce_like(grad_out, shift),
           weight ? reduce_like(r.dw.view(x.sizes()), *weight) : none_grad(x)};
 }
 
@@ -223,7 +223,7 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
   check_grad(grad_normed, "grad_normed", x, x.scalar_type());
   const AdalnRows r = adaln_backward_rows(kOp, grad_normed, &grad_x_new, x, &y, gate, scale, weight, eps);
   return {r.dx, r.dy, gate ? reduce_like(r.dg.view(x.sizes()), *gate) : none_grad(x),
-          reduce_like(r.gn.view(x.sizes()), scale), reduce_like(f32(grad_normed), shift),
+          reduce_like(r.gn.view(x.sizes()), scale), reduce_like(grad_normed, shift),
           weight ? reduce_like(r.dw.view(x.sizes()), *weight) : none_grad(x)};
 }
 

@@ -12,6 +12,7 @@
 // input gradient is the forward kernel on F g, times F (sign flips: exact). The positions
 // (video_coords) get d out / d a = (-out_2, out_1) per pair times d a / d position.
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
