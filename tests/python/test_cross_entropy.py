@@ -88,6 +88,22 @@ def test_gradients_match_the_formula(device, dtype, shape, reduction):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_targets_at_every_chunk_edge(device):
+    """Targets on both sides of each boundary between chunks of classes (128 classes a chunk at
+    hidden 16; the last chunk 104 wide) and at the vocabulary's ends: each row's picked logit,
+    loss and the one-hot part of its gradient come from the right chunk."""
+    classes = [0, 1, 126, 127, 128, 129, 255, 256, 767, 768, 895, 896, 998, 999]
+    x, weight, _, bias = make(len(classes), 16, 1000, torch.float32, device)
+    target = torch.tensor(classes, device=device)
+    got = ltx_kernels.fused_linear_cross_entropy(x, weight, target, bias, reduction="none")
+    assert_close(got, formula(x.double(), weight.double(), target, bias.double(), reduction="none"),
+                 torch.float32, scale=10.0)
+    leaves = [t.requires_grad_() for t in (x, weight, bias)]
+    check_grads(lambda x, w, b: ltx_kernels.fused_linear_cross_entropy(x, w, target, b, reduction="sum"),
+                lambda x, w, b: formula(x, w, target, b, reduction="sum"), leaves, leaves, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_log_sum_exp_and_its_gradient(device, dtype):
     """return_lse: each token's log-sum-exp of the logits (ignored tokens too), differentiable:
