@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 ops = torch.ops.ltx_kernels
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 29 builders x 2 kinds: >= 5,000 cases
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))  # x 30 builders x 2 kinds: >= 6,000 cases
 SEED = os.environ.get("FUZZ_SEED")
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
                     suppress_health_check=list(HealthCheck))
@@ -368,8 +368,36 @@ def build_fp8_linear_gated_residual(draw, dtype):
     return call, formula
 
 
+def build_fused_linear_cross_entropy(draw, dtype):
+    """An LLM head's loss: x [..., hidden] in any layout (the GEMM's operand), weight [vocab,
+    hidden], int64 targets with some ignored (any layout), an optional bias, each reduction;
+    both outputs (the loss and each token's log-sum-exp) in fp32, so fp32's tolerance."""
+    k, vocab = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
+    shape = rows_shape(draw, k)
+    x = Arg("x", laid_out(draw, randn(shape, dtype)), valid_breaks=("strided_last_dim", "expanded_last_dim"))
+    w = Arg("weight", laid_out(draw, randn((vocab, k), dtype) / math.sqrt(k)), copied=True)
+    target = torch.randint(0, vocab, shape[:-1])
+    target = target.where(torch.rand(shape[:-1]) > 0.25, -100)
+    if target.numel():
+        target.view(-1)[0] = 0  # a mean over no target is NaN (0 / 0), as torch's
+    t = Arg("target", target, valid_breaks=("strided_last_dim", "expanded_last_dim"))
+    b = optional(draw, lambda: Arg("bias", randn((vocab,), dtype), copied=True))
+    reduction = draw(st.sampled_from(["mean", "sum", "none"] if target.numel() else ["sum", "none"]))
+    call = Call("fused_linear_cross_entropy", [x, w, t, b, -100, reduction], scale=10.0,
+                out_dtypes=[torch.float32, torch.float32])
+
+    def formula():
+        logits = x.tensor.double() @ w.tensor.double().T + (b.tensor.double() if b else 0.0)
+        flat = logits.reshape(-1, vocab)
+        loss = F.cross_entropy(flat, target.reshape(-1), ignore_index=-100, reduction=reduction)
+        return (loss.reshape(target.shape) if reduction == "none" else loss), torch.logsumexp(logits, -1)
+
+    return call, formula
+
+
 BUILDERS = {
     "apply_rotary_pos_emb": build_apply_rotary_pos_emb,
+    "fused_linear_cross_entropy": build_fused_linear_cross_entropy,
     "ltx_rope": build_ltx_rope,
     "ltx_qk_norm_rope": build_ltx_qk_norm_rope,
     "attention": build_attention,
