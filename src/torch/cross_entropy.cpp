@@ -105,8 +105,9 @@ struct Rows {
   int64_t rows, chunk;
 };
 
-// The op's own GEMMs run as written under autocast too (which would give bf16 logits to the
-// fp32 passes): the op decides its precision, the caller's autocast only its inputs'.
+// The op's own GEMMs run as written inside an autocast region too (a backward run there would
+// otherwise give bf16 logits to the fp32 passes): autocast decides the inputs' dtype (the op's
+// Autocast kernel, autocast.cpp), the op its internal precision.
 using NoAutocast = c10::impl::ExcludeDispatchKeyGuard;
 
 // a @ b in fp32 from 16-bit operands: cuBLAS writes fp32 directly on CUDA; elsewhere upcast.

@@ -216,3 +216,24 @@ def test_opcheck_and_compile_forward_backward(device):
     assert_close(loss, head(*eager), torch.float32)
     for g, w in zip(torch.autograd.grad(loss, compiled), torch.autograd.grad(head(*eager), eager)):
         assert_close(g, w, torch.float32)
+
+
+@pytest.mark.parametrize("op", ["fused_linear_cross_entropy", "linear_gelu_tanh"])
+def test_autocast_runs_the_gemm_ops_in_its_dtype(op):
+    """Under torch.autocast (bf16, CPU here; the CUDA kernel is the same code) the GEMM ops cast
+    their floating inputs as torch's linear does, so fp32 master weights run a bf16 GEMM: the
+    result equals the call on bf16 copies, and the gradients reach the fp32 leaves in fp32."""
+    x = torch.randn(9, 16, requires_grad=True)
+    weight = torch.randn(300, 16, requires_grad=True)
+    bias = torch.randn(300, requires_grad=True)
+    if op == "fused_linear_cross_entropy":
+        target = torch.randint(0, 300, (9,))
+        call = lambda x, w, b: ltx_kernels.fused_linear_cross_entropy(x, w, target, b)  # noqa: E731
+    else:
+        call = lambda x, w, b: ltx_kernels.linear_gelu_tanh(x, w, b).float().square().mean()  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = call(x, weight, bias)
+    want = call(*(t.detach().bfloat16() for t in (x, weight, bias)))
+    assert torch.equal(got, want)
+    got.backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in (x, weight, bias))
