@@ -3,6 +3,7 @@
 // lane's online (max, sum), rescaling its sum only when a vector raises the max, then merges
 // the lanes' pairs and the row's running pair; the grad pass writes each element once.
 #include <cmath>
+#include <optional>
 
 #include "core/vec.cuh"
 #include "ltx_kernels/cross_entropy.h"
@@ -110,12 +111,20 @@ cudaError_t with_type(DType dtype, F&& f) {
   return cudaErrorInvalidValue;
 }
 
-}  // namespace
-
-cudaError_t launch(const CrossEntropyStatsParams& p, cudaStream_t stream) {
+// What a launcher returns without a kernel: an error for params that validate() rejects or a
+// grid too large, success for an empty chunk; nullopt when the kernel runs.
+template <typename Params>
+std::optional<cudaError_t> before_launch(const Params& p) {
   if (validate(p) != nullptr) return cudaErrorInvalidValue;
   if (p.chunk.rows == 0 || p.chunk.cols == 0) return cudaSuccess;
   if (host_util::ceil_div(p.chunk.rows, kWarps) > INT32_MAX) return cudaErrorInvalidConfiguration;
+  return std::nullopt;
+}
+
+}  // namespace
+
+cudaError_t launch(const CrossEntropyStatsParams& p, cudaStream_t stream) {
+  if (const std::optional<cudaError_t> early = before_launch(p)) return *early;
   const bool vec = cross_entropy_vector(p) == 4;
   return with_type(p.chunk.bias_dtype, [&](auto bias_type) {
     using B = typename decltype(bias_type)::type;
@@ -129,9 +138,7 @@ cudaError_t launch(const CrossEntropyStatsParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch(const CrossEntropyGradParams& p, cudaStream_t stream) {
-  if (validate(p) != nullptr) return cudaErrorInvalidValue;
-  if (p.chunk.rows == 0 || p.chunk.cols == 0) return cudaSuccess;
-  if (host_util::ceil_div(p.chunk.rows, kWarps) > INT32_MAX) return cudaErrorInvalidConfiguration;
+  if (const std::optional<cudaError_t> early = before_launch(p)) return *early;
   const bool vec = cross_entropy_vector(p) == 4;
   return with_type(p.chunk.bias_dtype, [&](auto bias_type) {
     using B = typename decltype(bias_type)::type;

@@ -139,6 +139,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_lay
   return {dx.to(x.scalar_type()), dscale, dshift, dw, db};
 }
 
+void check_adaln_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale,
+                                   const at::Tensor& shift, const OptTensor& weight, double eps) {
+  check_norm_args("adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
+}
+
+void check_gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::Tensor& grad_normed,
+                                                  const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
+                                                  const at::Tensor& scale, const at::Tensor& shift,
+                                                  const OptTensor& weight, double eps) {
+  check_norm_args("gated_residual_adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
+  check_like(y, "y", x, "x");
+  if (gate) check_row_vectors(*gate, "gate", x);
+  check_modulation(x, &scale, &shift);
+  check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
+  check_grad(grad_normed, "grad_normed", x, x.scalar_type());
+}
+
 // The AdaLN RMS norms' backward (include/ltx_kernels/adaln_backward.h): one pass per row, the C++
 // reference on the CPU and the kernel on CUDA, then the broadcast arguments' gradients summed
 // from its fp32 terms (scale's, weight's, gate's) and from g (shift's).
@@ -199,9 +218,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backwa
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, double eps) {
   constexpr const char* kOp = "adaln_rms_norm_backward";
-  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, &scale, &shift);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  check_adaln_rms_norm_backward(grad_out, x, scale, shift, weight, eps);
   const AdalnRows r = adaln_backward_rows(kOp, grad_out, nullptr, x, nullptr, std::nullopt, scale, weight, eps);
   return {r.dx, reduce_like(r.gn.view(x.sizes()), scale), reduce_like(grad_out, shift),
           weight ? reduce_like(r.dw.view(x.sizes()), *weight) : none_grad(x)};
@@ -215,12 +232,7 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
                                        const at::Tensor& scale, const at::Tensor& shift, const OptTensor& weight,
                                        double eps) {
   constexpr const char* kOp = "gated_residual_adaln_rms_norm_backward";
-  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
-  check_like(y, "y", x, "x");
-  if (gate) check_row_vectors(*gate, "gate", x);
-  check_modulation(x, &scale, &shift);
-  check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
-  check_grad(grad_normed, "grad_normed", x, x.scalar_type());
+  check_gated_residual_adaln_rms_norm_backward(grad_x_new, grad_normed, x, y, gate, scale, shift, weight, eps);
   const AdalnRows r = adaln_backward_rows(kOp, grad_normed, &grad_x_new, x, &y, gate, scale, weight, eps);
   return {r.dx, r.dy, gate ? reduce_like(r.dg.view(x.sizes()), *gate) : none_grad(x),
           reduce_like(r.gn.view(x.sizes()), scale), reduce_like(grad_normed, shift),
@@ -231,9 +243,7 @@ gated_residual_adaln_rms_norm_backward(const at::Tensor& grad_x_new, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backward_meta(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, double eps) {
-  check_norm_args("adaln_rms_norm_backward", x, nullptr, weight, std::nullopt, eps);
-  check_modulation(x, &scale, &shift);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  check_adaln_rms_norm_backward(grad_out, x, scale, shift, weight, eps);
   return {at::empty_like(x), at::empty_like(scale), at::empty_like(shift),
           weight ? at::empty_like(*weight) : none_grad(x)};
 }
@@ -243,13 +253,7 @@ gated_residual_adaln_rms_norm_backward_meta(const at::Tensor& grad_x_new, const 
                                             const at::Tensor& x, const at::Tensor& y, const OptTensor& gate,
                                             const at::Tensor& scale, const at::Tensor& shift,
                                             const OptTensor& weight, double eps) {
-  constexpr const char* kOp = "gated_residual_adaln_rms_norm_backward";
-  check_norm_args(kOp, x, nullptr, weight, std::nullopt, eps);
-  check_like(y, "y", x, "x");
-  if (gate) check_row_vectors(*gate, "gate", x);
-  check_modulation(x, &scale, &shift);
-  check_grad(grad_x_new, "grad_x_new", x, x.scalar_type());
-  check_grad(grad_normed, "grad_normed", x, x.scalar_type());
+  check_gated_residual_adaln_rms_norm_backward(grad_x_new, grad_normed, x, y, gate, scale, shift, weight, eps);
   return {at::empty_like(x), at::empty_like(y), gate ? at::empty_like(*gate) : none_grad(x), at::empty_like(scale),
           at::empty_like(shift), weight ? at::empty_like(*weight) : none_grad(x)};
 }

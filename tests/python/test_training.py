@@ -17,7 +17,7 @@ peft = pytest.importorskip("peft")
 
 import ltx_kernels.diffusers  # noqa: E402
 import ltx_kernels.transformers  # noqa: E402
-from test_diffusers_ltx import step_kwargs  # noqa: E402
+from test_diffusers_ltx import as_dtype, step_kwargs  # noqa: E402
 from test_diffusers_ltx import tiny_model as tiny_ltx  # noqa: E402
 from test_transformers_integration import prompt  # noqa: E402
 from test_transformers_integration import tiny_model as tiny_llm  # noqa: E402
@@ -103,9 +103,7 @@ def test_ltx_video_lora_trains_on_cuda_in_bf16():
     models = [with_lora(m, targets) for m in (fp32, stock, patched)]
     kw = step_kwargs(fp32, "interpolation_scale", per_token=False)
     for model in models:
-        dtype = next(model.parameters()).dtype
-        kw_m = {k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()}
-        model(**kw_m)[0].float().square().mean().backward()
+        model(**as_dtype(kw, next(model.parameters()).dtype))[0].float().square().mean().backward()
     named = [dict(m.named_parameters()) for m in models]
     trainable = [n for n, p in named[0].items() if p.requires_grad]
     assert trainable
