@@ -23,6 +23,8 @@
 // turn (no gain), FlashAttention-4's exp2 polynomial on the FMA units for 2 or 3 of every 8
 // scores (slower). Not done: FP8 P V (emulated, its error on randn inputs reaches the 4e-2
 // bar at 4000 keys); persistent scheduling with the epilogue overlapped.
+// (the wgmma atoms whose N is not a multiple of 16, for O += P V with the row-sum columns)
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -71,6 +73,33 @@ struct TileShape {
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
   static_assert(kBlockN % 64 == 0, "V^T tiles of whole 128-byte column blocks");
   static_assert(kHopperBlockN % kBlockN == 0, "V^T keys padded to whole steps (attention_workspace.h)");
+};
+
+// The shared memory of one kernel: 1024-byte aligned tiles (the swizzle's phase; TMA's
+// 128-byte swizzle requires it), then the barriers: kConsumers Q tiles, kStages x (K tile,
+// V^T tile), q_full, full[kStages], empty[kStages].
+// The V^T tile (the B operand of O += P V: D rows of kBlockN keys) takes kSumRows more rows of
+// ones where shared memory has room for them (not at head_dim 128 in 16 bits), which the
+// kernel writes once (TMA fills only the first D rows of each column block): the same wgmma
+// then sums each row of P into output columns D .. D + 7, the softmax's row sums on the tensor
+// cores instead of one FADD per score in two dependent chains per thread (11% of the kernel's
+// stall samples at LTX-2B 161f per ncu). They sum P as rounded for the tensor cores, the very
+// weights that O sums.
+template <int D, bool INT8, class SHAPE>
+struct Layout {
+  static constexpr int kQKRow = D * (INT8 ? 1 : 2);
+  using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
+  using KTile = core::SmemTile<SHAPE::kBlockN, kQKRow>;
+  static constexpr int bytes(int sum_rows) {
+    return 1024 /* base alignment */ + SHAPE::kConsumers * QTile::kBytes +
+           kStages * (KTile::kBytes + (D + sum_rows) * SHAPE::kBlockN * 2) + 8 * (1 + 2 * kStages);
+  }
+  static constexpr int kMaxSmem = 227 * 1024;  // sm_90's dynamic shared memory per block
+  static constexpr int kSumRows = bytes(8) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
+  using VTile = core::SmemTile<D + kSumRows, SHAPE::kBlockN * 2>;
+  static constexpr int kStageBytes = KTile::kBytes + VTile::kBytes;
+  static constexpr int kSmem = bytes(kSumRows);
+  static_assert(kSmem <= kMaxSmem);
 };
 
 // An INT8 score (an int32 of magnitude < 2^22: a sum of at most 128 products of int8, < 2^21)
@@ -129,8 +158,8 @@ template <typename T, bool INT8, int N>
 using QKMma = std::conditional_t<
     INT8, decltype(gmma::ss_op_selector<int8_t, int8_t, int32_t, cute::Shape<cute::_64, cute::Int<N>, cute::_32>>()),
     decltype(gmma::ss_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
-template <typename T, int D>
-using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<D>, cute::_16>>());
+template <typename T, int N>
+using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>>());
 
 // The atoms take each accumulator register as an argument.
 template <class MMA, typename Acc, size_t... I>
@@ -174,19 +203,18 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   using QK = std::conditional_t<INT8, int8_t, T>;
   using Acc = std::conditional_t<INT8, uint32_t, float>;
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kQKRow = D * static_cast<int>(sizeof(QK));
-  constexpr int kQKSteps = kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
   constexpr int kConsumers = SHAPE::kConsumers, kBlockN = SHAPE::kBlockN, kBlockM = SHAPE::kBlockM;
   constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
   constexpr int kKBlocks = kBlockN / kQuantBlock;  // 64-key blocks (the k scales') per step
   constexpr int kPerBlock = kQuantBlock / 2;        // a thread's scores in one such block
-  using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
-  using KTile = core::SmemTile<kBlockN, kQKRow>;
-  using VTile = core::SmemTile<D, kBlockN * 2>;  // V^T: D rows of kBlockN keys
-  constexpr int kStageBytes = KTile::kBytes + VTile::kBytes;
+  using L = Layout<D, INT8, SHAPE>;
+  using QTile = typename L::QTile;
+  using KTile = typename L::KTile;
+  using VTile = typename L::VTile;
+  constexpr int kQKSteps = L::kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
+  constexpr int kSumRows = L::kSumRows, kStageBytes = L::kStageBytes;
+  constexpr int kOCols = D + kSumRows;  // O's columns, then the row sums (if on the tensor cores)
   extern __shared__ char smem_raw[];
-  // Tiles 1024-byte aligned (the swizzle's phase; TMA's 128-byte swizzle requires it), then
-  // the barriers.
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   char* s_q = smem;                                  // kConsumers Q tiles
   char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V^T tile)
@@ -204,6 +232,19 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int steps = (seq_k + kBlockN - 1) / kBlockN;
   const int bi = static_cast<int>(b);  // TMA coordinates: (column, row, head, batch)
 
+  // The ones rows of every stage's V^T tile (all kSumRows rows ones: the swizzle then does not
+  // matter), seen by the wgmma's async proxy after the barrier below.
+  if constexpr (kSumRows > 0) {
+    constexpr int kBlocks = VTile::kBytes / (VTile::kRows * VTile::kWidth);
+    constexpr int kChunks = kSumRows * VTile::kWidth / 16;  // 16-byte chunks per column block
+    const uint32_t one2 = core::pack2<T>(1.0f, 1.0f);
+    for (int i = threadIdx.x; i < kStages * kBlocks * kChunks; i += SHAPE::kThreads) {
+      const int stage = i / (kBlocks * kChunks), blk = i / kChunks % kBlocks, chunk = i % kChunks;
+      *reinterpret_cast<uint4*>(s_stage + stage * kStageBytes + KTile::kBytes + blk * VTile::kRows * VTile::kWidth +
+                                D * VTile::kWidth + 16 * chunk) = make_uint4(one2, one2, one2, one2);
+    }
+    cutlass::arch::fence_view_async_shared();
+  }
   if (threadIdx.x == 0) {
     Barrier::init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -253,9 +294,10 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
 
   // Rows g and g + 8 of this warp's 16: running max (log2 units), this thread's partial row
-  // sum; o[4 t + e]: output columns 8 t + 2 tig + e % 2 of row g + 8 (e / 2).
+  // sum where the tensor cores do not sum them; o[4 t + e]: output column 8 t + 2 tig + e % 2
+  // of row g + 8 (e / 2), the row sums in columns D and up where they do.
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  float o[D / 2] = {};
+  float o[kOCols / 2] = {};
   const int row_lo = m0 + 16 * warp + g;
   Barrier::wait(q_full, 0);
 
@@ -275,7 +317,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     const Desc<VTile> v_desc = v_desc0.plus(stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<PVMma<T, D>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<D / 2>{});
+      mma_rs<PVMma<T, kOCols>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<kOCols / 2>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -291,7 +333,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     }
   };
   // The online softmax of one step's scores, in place: each score becomes exp2(score - new
-  // max), row_max and row_sum move on, alpha is the factor by which O must shrink. It reads
+  // max), row_max moves on, alpha is the factor by which O (and its row sums) must shrink. It reads
   // only S, so it runs while the previous step's P V is still in flight.
   auto softmax = [&](Acc (&s)[kBlockN / 2], int step, const float (&factor)[kKBlocks], float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
@@ -363,7 +405,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
       base[r] = row_max[r] == -INFINITY ? 0.0f : row_max[r];
       alpha[r] = moves ? fast_exp2(old - base[r]) : 1.0f;
-      row_sum[r] *= alpha[r];
+      if constexpr (kSumRows == 0) row_sum[r] *= alpha[r];
     }
     if (fused) {
 #pragma unroll
@@ -391,8 +433,10 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) put(s[i], fast_exp2(got(s[i]) - base[(i % 4) / 2]));
     }
+    if constexpr (kSumRows == 0) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += got(s[i]);
+      for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += got(s[i]);
+    }
   };
   // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
   // tiles is the A layout of one k-step.
@@ -457,7 +501,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       release(prev);
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // (warp-uniform)
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+        for (int i = 0; i < kOCols / 2; ++i) o[i] *= alpha[(i % 4) / 2];
       }
       pack_p(s, pa);
     }
@@ -474,9 +518,14 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float total = row_sum[r];
-    total += __shfl_xor_sync(0xffffffffu, total, 1);
-    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    float total;
+    if constexpr (kSumRows > 0) {
+      total = o[D / 2 + 2 * r];  // column D of row g + 8 r: its sum
+    } else {
+      total = row_sum[r];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+    }
     const int row = row_lo + 8 * r;
     if (row >= seq_q) continue;
     const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
@@ -716,14 +765,11 @@ cudaError_t tma_map(CUtensorMap* map, const void* base, int elem_bytes, int64_t 
 
 template <typename T, int D, bool INT8, class SHAPE>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  constexpr int kQKBytes = INT8 ? 1 : 2;
-  constexpr int kQKRow = D * kQKBytes;
-  constexpr int kConsumers = SHAPE::kConsumers, kBlockN = SHAPE::kBlockN;
-  using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
-  using KTile = core::SmemTile<kBlockN, kQKRow>;
-  using VTile = core::SmemTile<D, kBlockN * 2>;
-  constexpr int kSmem = 1024 /* base alignment */ + kConsumers * QTile::kBytes +
-                        kStages * (KTile::kBytes + VTile::kBytes) + 8 * (1 + 2 * kStages);
+  using L = Layout<D, INT8, SHAPE>;
+  using QTile = typename L::QTile;
+  using KTile = typename L::KTile;
+  using VTile = typename L::VTile;
+  constexpr int kBlockN = SHAPE::kBlockN, kSmem = L::kSmem;
   TmaMaps maps{};
   cudaError_t error;
   if constexpr (INT8) {
