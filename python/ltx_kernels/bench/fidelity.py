@@ -8,8 +8,8 @@ reference) and in each mode, and the relative L2 distance of the final latents t
 ones is reported; "1 step" is one transformer forward (CFG batch 2, timestep 500), whose
 output is compared the same way (a 1-step denoise is undefined with LTX's scheduler, whose
 terminal shift divides by zero at one step). Modes: bf16 eager, ours bf16 (``inject``), ours FP8
-(``inject(precision="fp8")``), ours FP8 with our 8-bit attention
-(``inject(precision="fp8", attention="8bit")``) and torchao FP8 row-wise (skipped with a message
+(``inject(precision="fp8")``), ours FP8 with our exact or 8-bit attention
+(``inject(precision="fp8", attention="bf16" | "8bit")``) and torchao FP8 row-wise (skipped with a message
 when torchao is not installed). Every mode starts from the fp32 weights cast to bf16.
 ``--fp8-skip`` keeps more linears of the FP8 modes in bf16 (benchmarks/results/h100/
 fidelity_fp8_skip.md: which ones carry FP8's error).
@@ -25,7 +25,7 @@ import torch
 from ltx_kernels.bench import harness, ltx_models
 from ltx_kernels.bench.ltx_e2e import available_modes
 
-MODES = ["eager", "ours", "ours-fp8", "ours-fp8+attn8bit", "torchao-fp8"]
+MODES = ["eager", "ours", "ours-fp8", "ours-fp8+attnbf16", "ours-fp8+attn8bit", "torchao-fp8"]
 
 
 def _prepare(reference_model, mode: str, fp8_skip: tuple[str, ...] = ()):
@@ -41,8 +41,8 @@ def _prepare(reference_model, mode: str, fp8_skip: tuple[str, ...] = ()):
         lkd.inject(model)
     elif mode == "ours-fp8":
         lkd.inject(model, precision="fp8", fp8_skip=skip)
-    elif mode == "ours-fp8+attn8bit":
-        lkd.inject(model, precision="fp8", fp8_skip=skip, attention="8bit")
+    elif mode.startswith("ours-fp8+attn"):
+        lkd.inject(model, precision="fp8", fp8_skip=skip, attention=mode.removeprefix("ours-fp8+attn"))
     elif mode == "torchao-fp8":
         _torchao_fp8(model)
     return model

@@ -6,12 +6,13 @@
 Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
 the setup of benchmarks/results/h100/ltx_e2e.md. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
-(``ltx_kernels.diffusers.inject``), ours + torch.compile, ours captured in one CUDA graph, and ours
-with our 8-bit attention (``inject(attention="8bit")``: the ``ltx_kernels_8bit`` diffusers attention
-backend instead of SDPA), alone and with torch.compile; then, each on a fresh copy of the same
-random weights (quantizing is one-way): ours in FP8 (``inject(precision="fp8")``), alone, with
-torch.compile and in a CUDA graph, ours in FP8 with the 8-bit attention, alone and with
-torch.compile, and the anchor torchao FP8
+(``ltx_kernels.diffusers.inject``), ours + torch.compile, ours captured in one CUDA graph, ours with
+our exact attention kernel (``inject(attention="bf16")``: the ``ltx_kernels`` diffusers attention
+backend instead of SDPA) and with our 8-bit attention (``inject(attention="8bit")``: the
+``ltx_kernels_8bit`` backend), alone and with torch.compile; then, each on a fresh copy of the
+same random weights (quantizing is one-way): ours in FP8 (``inject(precision="fp8")``), alone,
+with torch.compile and in a CUDA graph, ours in FP8 with our exact or 8-bit attention, the
+8-bit one also with torch.compile, and the anchor torchao FP8
 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``) + torch.compile, skipped
 with a message when torchao is not installed.
 Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
@@ -32,12 +33,12 @@ import torch
 
 from ltx_kernels.bench import harness, ltx_models
 
-MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attn8bit", "ours+attn8bit+compile",
-         "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile",
-         "torchao-fp8+compile"]
+MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnbf16", "ours+attn8bit",
+         "ours+attn8bit+compile", "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16",
+         "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
-QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile",
-             "torchao-fp8+compile")
+QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16", "ours-fp8+attn8bit",
+             "ours-fp8+attn8bit+compile", "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -57,7 +58,7 @@ def set_mode(model, mode: str) -> None:
         for module in model.modules():
             module._compiled_call_impl = None
     torch._dynamo.reset()
-    attention = "8bit" if "+attn8bit" in mode else None
+    attention = "8bit" if "+attn8bit" in mode else "bf16" if "+attnbf16" in mode else None
     if mode.startswith("ours-fp8"):
         lkd.inject(model, precision="fp8", attention=attention)
     elif mode.startswith("ours"):
@@ -197,9 +198,10 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
     for frames in sorted({r["frames"] for r in rows}):
         by = {r["mode"]: r["step_ms"] for r in rows if r["frames"] == frames}
         pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
-                 ("ours+attn8bit", "ours"), ("ours+attn8bit+compile", "ours+compile"),
+                 ("ours+attnbf16", "ours"), ("ours+attn8bit", "ours"), ("ours+attn8bit+compile", "ours+compile"),
                  ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
-                 ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attn8bit", "ours-fp8"),
+                 ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16", "ours-fp8"),
+                 ("ours-fp8+attnbf16", "torchao-fp8+compile"), ("ours-fp8+attn8bit", "ours-fp8"),
                  ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
