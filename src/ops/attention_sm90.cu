@@ -12,8 +12,9 @@
 // softmax runs on the accumulators in registers, in place (the scale, and for INT8 scores the
 // k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
 // when a score exceeds it by a factor over 2^8, so that O is rarely rescaled); P, rounded to
-// the input dtype, stays in registers as the A operand of O += P V (m64nDk16), whose B operand
-// is V transposed to [D, keys] by a small pass first (the descriptors read B K-major; for
+// the input dtype, stays in registers as the A operand of O += P V (m64nDk16; m64n(D+8)k16 where
+// shared memory has room for 8 rows of ones under V^T, so that the same GEMM sums P's rows: see
+// Layout), whose B operand is V transposed to [D, keys] by a small pass first (the descriptors read B K-major; for
 // 16-bit V, wgmma could read it MN-major and save that pass: not done yet). TMA writes each tile
 // in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
 // rows past a tensor's end arrive as zeros; the wgmma descriptors are built once and stepped
@@ -98,6 +99,7 @@ struct Layout {
   static constexpr int kSumRows = bytes(8) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
   using VTile = core::SmemTile<D + kSumRows, SHAPE::kBlockN * 2>;
   static constexpr int kStageBytes = KTile::kBytes + VTile::kBytes;
+  static constexpr int kLoadBytes = KTile::kBytes + D * SHAPE::kBlockN * 2;  // a stage's TMA bytes (no ones)
   static constexpr int kSmem = bytes(kSumRows);
   static_assert(kSmem <= kMaxSmem);
 };
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       // A fresh barrier counts as having completed the phase before its first: the first
       // kStages waits pass.
       Barrier::wait(&empty[stage], ((step / kStages) & 1) ^ 1);
-      Barrier::arrive_and_expect_tx(&full[stage], kStageBytes);
+      Barrier::arrive_and_expect_tx(&full[stage], L::kLoadBytes);
       char* s_k = s_stage + stage * kStageBytes;
       tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, hk, bi);
       // V^T's columns are keys: the tile's column blocks start at this step's first key.
