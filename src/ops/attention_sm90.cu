@@ -12,10 +12,11 @@
 // softmax runs on the accumulators in registers, in place (the scale, and for INT8 scores the
 // k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
 // when a score exceeds it by a factor over 2^8, so that O is rarely rescaled); P, rounded to
-// the input dtype, stays in registers as the A operand of O += P V (m64nDk16; m64n(D+8)k16 where
-// shared memory has room for 8 rows of ones under V^T, so that the same GEMM sums P's rows: see
-// Layout), whose B operand is V transposed to [D, keys] by a small pass first (the descriptors read B K-major; for
-// 16-bit V, wgmma could read it MN-major and save that pass: not done yet). TMA writes each tile
+// the input dtype, stays in registers as the A operand of O += P V (m64nDk16; m64n(D+8)k16
+// where shared memory has room for 8 rows of ones under V^T, so that the same GEMM sums P's
+// rows: see Layout), whose B operand is V transposed to [D, keys] by a small pass first (the
+// descriptors read B K-major; for 16-bit V, wgmma could read it MN-major and save that pass:
+// not done yet, and the ones rows would then need a tile of their own). TMA writes each tile
 // in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
 // rows past a tensor's end arrive as zeros; the wgmma descriptors are built once and stepped
 // by constant offsets. Inside a consumer warpgroup, the softmax of one step overlaps the
