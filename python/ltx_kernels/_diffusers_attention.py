@@ -19,7 +19,8 @@ argument, what the op does not compute: ``dropout_p > 0``, ``is_causal=True``,
 ``return_lse=True``, q and k head counts that differ without ``enable_gqa=True``, and on CUDA
 anything but bf16/fp16 with head_dim 64 or 128. These checks run on every call: diffusers'
 registry ``constraints`` only run with ``DIFFUSERS_ATTN_CHECKS=1``, so none are declared.
-Forward-only, like every ltx_kernels op.
+Differentiable: the op's backward is the exact attention's gradient (for the 8-bit backend too,
+straight through its rounding), a composite of torch ops, not yet a fused kernel.
 
 Context parallelism: diffusers has one flag for both of its kinds, and it is declared, for
 Ulysses (an all-to-all of heads around a plain forward, which the backends run through
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from . import ops
+from ._ops import ops as _ops
 from ._patching import Report
 
 # inject's attention= value -> backend name (and the op's precision of the same name).
@@ -48,12 +50,18 @@ _CUDA_HEAD_DIMS = (64, 128)
 _STATE = "_ltx_kernels_attention_backend"
 
 
+def _op_mask(attn_mask, query, key):
+    """diffusers' mask as the op reads it: a ``[B, Sk]`` key padding mask as ``[B, 1, 1, Sk]``
+    (as diffusers' native backend reads it), anything else as it is."""
+    if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
+        return attn_mask[:, None, None]
+    return attn_mask
+
+
 def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor:
     """The op on ``[B, S, H, D]`` tensors, as ``[B, H, S, D]`` views; returns ``[B, S, H, D]``."""
-    if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape == (query.shape[0], key.shape[1]):
-        attn_mask = attn_mask[:, None, None]  # [B, Sk] key padding, as diffusers' native backend reads it
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                        scale=scale, attn_mask=attn_mask, precision=precision)
+                        scale=scale, attn_mask=_op_mask(attn_mask, query, key), precision=precision)
     return out.transpose(1, 2)
 
 
@@ -83,13 +91,21 @@ def _forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal
                 enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None, *, precision: str):
     """What diffusers' context-parallel template calls on each rank (Ulysses: every token of
     1 / degree of the heads, gathered by an all-to-all); the backend function checked the
-    arguments."""
+    arguments. Saves what ``_backward_op`` needs when asked to."""
+    if _save_ctx:
+        ctx.save_for_backward(query, key, value)
+        ctx.attn_mask, ctx.scale = attn_mask, scale
     return _attend(query, key, value, attn_mask, scale, precision)
 
 
-def _backward_op(ctx, grad_out, *args, name: str, **kwargs):
-    raise RuntimeError(f"attention backend '{name}' is forward-only: ltx_kernels.attention has no backward yet. "
-                       "Train with another attention backend.")
+def _backward_op(ctx, grad_out, *args, precision: str, **kwargs):
+    """The gradients of ``_forward_op``'s query, key and value (``[B, S, H, D]``), from the op's
+    backward (the exact attention's gradient, for both precisions)."""
+    query, key, value = ctx.saved_tensors
+    mask = _op_mask(ctx.attn_mask, query, key)
+    grads = _ops.attention_backward(grad_out.transpose(1, 2), query.transpose(1, 2), key.transpose(1, 2),
+                                    value.transpose(1, 2), mask, ctx.scale, precision)
+    return tuple(g.transpose(1, 2) for g in grads[:3])
 
 
 def _backend_function(precision: str):
@@ -110,7 +126,7 @@ def _backend_function(precision: str):
         return _templated_context_parallel_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
             forward_op=functools.partial(_forward_op, precision=precision),
-            backward_op=functools.partial(_backward_op, name=name),
+            backward_op=functools.partial(_backward_op, precision=precision),
             _parallel_config=_parallel_config,
         )
 

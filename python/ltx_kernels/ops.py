@@ -346,8 +346,14 @@ def attention(
     so ``out.transpose(1, 2).flatten(2)`` is a view.
 
     The CPU implementation is that definition (the reference). CUDA: bf16 or fp16 inputs, head
-    dim 64 or 128 (others raise); a Hopper wgmma kernel on sm_90, a portable one from sm_80.
-    Not yet faster than SDPA's cuDNN backend (benchmarks/results/h100/attention.md)."""
+    dim 64 or 128 (others raise); a Hopper wgmma kernel on sm_90, a portable one from sm_80. On
+    an H100 the exact Hopper kernel is faster than SDPA's cuDNN backend at head dim 64 and long
+    sequences, slower at head dim 128 (benchmarks/results/h100/attention.md).
+
+    Differentiable: the backward is the exact attention's gradient at ``q``, ``k``, ``v`` (and
+    a floating ``attn_mask``), for ``"8bit"`` too (straight through its rounding, as in
+    quantization-aware training), computed by a composite of torch ops in fp32 in chunks of
+    bounded memory: correct, not yet a fused kernel."""
     precision = _choice("attention", "precision", precision, ("bf16", "8bit"))
     if scale is not None:
         scale = _real("attention", "scale", scale)

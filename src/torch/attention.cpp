@@ -5,8 +5,11 @@
 // GPU kernel is held to. CUDA: bf16/fp16, head_dim 64 or 128 (others raise).
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "ltx_kernels/attention.h"
 #include "torch/common.h"
@@ -152,12 +155,120 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
 }
 #endif
 
+using Grads4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// attention_backward's arguments: attention's, and grad_out of the output's shape and dtype.
+// Returns the mask's sizes padded on the left to 4 dims when the mask gets a gradient (a
+// floating one), else an empty vector.
+std::vector<int64_t> check_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const OptTensor& attn_mask, c10::string_view precision) {
+  check_qkv(q, k, v);
+  if (attn_mask) check_mask(*attn_mask, q, k);
+  precision_of(precision);
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == q.scalar_type(), "attention_backward: grad_out must have q's dtype (",
+                   q.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.device() == q.device(), "attention_backward: grad_out must be on q's device (",
+                    device_str(q.device()), "), got ", device_str(grad_out.device()));
+  TORCH_CHECK_VALUE(grad_out.sym_sizes() == q.sym_sizes(), "attention_backward: grad_out must have the output's "
+                    "shape, q's ", dims_str(q.sym_sizes()), ", got ", dims_str(grad_out.sym_sizes()));
+  if (!attn_mask || !at::isFloatingType(attn_mask->scalar_type())) return {};
+  std::vector<int64_t> sizes(4 - attn_mask->dim(), 1);
+  for (const int64_t n : attn_mask->sizes()) sizes.push_back(n);
+  return sizes;
+}
+
+Grads4 attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const OptTensor& attn_mask, std::optional<double> scale,
+                               c10::string_view precision) {
+  const bool mask_grad = !check_backward(grad_out, q, k, v, attn_mask, precision).empty();
+  return {at::empty_like(q, at::MemoryFormat::Contiguous), at::empty_like(k, at::MemoryFormat::Contiguous),
+          at::empty_like(v, at::MemoryFormat::Contiguous),
+          mask_grad ? at::empty_like(*attn_mask, at::MemoryFormat::Contiguous) : at::Tensor()};
+}
+
+// attention's backward, for both precisions: the gradient of exact attention at q, k, v and
+// the mask (for '8bit', of the attention the 8-bit method approximates: its rounding passes
+// the gradient straight through, as in quantization-aware training). A composite of ATen ops
+// in fp32 on any device: the probabilities recomputed from q, k and the mask, then
+// dV = P^T dO, dS = P * (dO V^T - rowsum(P * dO V^T)), dQ = dS K scale, dK = dS^T Q scale,
+// and the mask's gradient dS summed over the dims it broadcasts along. Chunks of heads and
+// query rows keep each [heads, rows, Sk] fp32 temporary within 2^25 elements (128 MiB), so
+// memory stays bounded at any sequence length. Correct, not fused: a flash-attention backward
+// kernel (tiles of S in registers, never in memory) is not written yet. A fully masked row gets
+// zero gradients (its output is 0 whatever q, k, v are); a NaN score makes its row's NaN.
+Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const OptTensor& attn_mask, std::optional<double> scale, c10::string_view precision) {
+  const std::vector<int64_t> mask_sizes = check_backward(grad_out, q, k, v, attn_mask, precision);
+  const int64_t batch = q.size(0), heads = q.size(1), heads_kv = k.size(1), seq_q = q.size(2), seq_k = k.size(2);
+  const int64_t group = heads / heads_kv;
+  const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor dq = at::empty(q.sizes(), f32), dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
+  at::Tensor dmask = mask_sizes.empty() ? at::Tensor() : at::zeros(mask_sizes, f32);
+  constexpr int64_t kBudget = int64_t{1} << 25;  // fp32 elements of one [heads, rows, Sk] temporary
+  const int64_t per_head = std::max<int64_t>(seq_q * seq_k, 1);
+  const int64_t chunk_heads = std::clamp<int64_t>(kBudget / per_head, 1, heads);
+  const int64_t chunk_rows = chunk_heads > 1 ? seq_q : std::max<int64_t>(kBudget / std::max<int64_t>(seq_k, 1), 1);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h0 = 0; h0 < heads; h0 += chunk_heads) {
+      const int64_t h1 = std::min(heads, h0 + chunk_heads);
+      // Each q head's kv head (grouped-query attention): their gradients are summed into it.
+      const at::Tensor kv_head = at::arange(h0, h1, q.options().dtype(at::kLong)).div_(group, "floor");
+      const at::Tensor kf = k[b].index_select(0, kv_head).to(at::kFloat);  // [h, Sk, D]
+      const at::Tensor vf = v[b].index_select(0, kv_head).to(at::kFloat);
+      at::Tensor dk_heads = at::zeros_like(kf), dv_heads = at::zeros_like(vf);
+      for (int64_t r0 = 0; r0 < seq_q; r0 += chunk_rows) {
+        const int64_t r1 = std::min(seq_q, r0 + chunk_rows);
+        const at::Tensor qf = q[b].slice(0, h0, h1).slice(1, r0, r1).to(at::kFloat);  // [h, r, D]
+        const at::Tensor go = grad_out[b].slice(0, h0, h1).slice(1, r0, r1).to(at::kFloat);
+        at::Tensor s = at::matmul(qf, kf.transpose(-1, -2)).mul_(sc);  // [h, r, Sk]
+        if (mask.defined()) s.add_(mask[b].slice(0, h0, h1).slice(1, r0, r1));
+        at::Tensor row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
+        row_max.masked_fill_(row_max == neg_inf, 0.0);  // a fully masked row: exp gives 0, not NaN
+        at::Tensor p = s.sub_(row_max).exp_();
+        const at::Tensor total = p.sum(-1, /*keepdim=*/true);
+        p.div_(total).masked_fill_(total == 0, 0.0);
+        dv_heads.add_(at::matmul(p.transpose(-1, -2), go));
+        at::Tensor ds = at::matmul(go, vf.transpose(-1, -2));  // dP, then dS in place
+        ds.sub_((p * ds).sum(-1, /*keepdim=*/true)).mul_(p);
+        dq[b].slice(0, h0, h1).slice(1, r0, r1).copy_(at::matmul(ds, kf).mul_(sc));
+        dk_heads.add_(at::matmul(ds.transpose(-1, -2), qf).mul_(sc));
+        if (dmask.defined()) {
+          at::Tensor part = ds;
+          if (mask_sizes[1] == 1) part = part.sum(0, /*keepdim=*/true);
+          if (mask_sizes[2] == 1) part = part.sum(1, /*keepdim=*/true);
+          if (mask_sizes[3] == 1) part = part.sum(2, /*keepdim=*/true);
+          at::Tensor into = dmask[mask_sizes[0] == 1 ? 0 : b];
+          if (mask_sizes[1] != 1) into = into.slice(0, h0, h1);
+          if (mask_sizes[2] != 1) into = into.slice(1, r0, r1);
+          into.add_(part);
+        }
+      }
+      dk[b].index_add_(0, kv_head, dk_heads);
+      dv[b].index_add_(0, kv_head, dv_heads);
+    }
+  }
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+          dmask.defined() ? dmask.view(attn_mask->sizes()).to(attn_mask->scalar_type()) : at::Tensor()};
+}
+
 }  // namespace
 
-LTX_KERNELS_LIBRARY_IMPL(CPU, m) { m.impl("attention", &attention_cpu); }
-LTX_KERNELS_LIBRARY_IMPL(Meta, m) { m.impl("attention", &attention_meta); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
+  m.impl("attention", &attention_cpu);
+  m.impl("attention_backward", &attention_backward);
+}
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
+  m.impl("attention", &attention_meta);
+  m.impl("attention_backward", &attention_backward_meta);
+}
 #ifdef LTX_KERNELS_WITH_CUDA
-LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { m.impl("attention", &attention_cuda); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
+  m.impl("attention", &attention_cuda);
+  m.impl("attention_backward", &attention_backward);
+}
 #endif
 
 }  // namespace ltx_kernels::torch_ext

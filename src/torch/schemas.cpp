@@ -120,8 +120,13 @@ LTX_KERNELS_LIBRARY(m) {
       " Tensor residual, Tensor gate) -> Tensor");
   // Attention (attention.cpp): SDPA's [B, H, S, D] layout and mask semantics, non-causal;
   // precision 'bf16' (exact) or '8bit' (INT8 q and smoothed k, per-block scales).
-  def("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None,"
-      " str precision='bf16') -> Tensor");
+  // Its backward (the exact attention's gradient for both precisions: straight through the
+  // 8-bit rounding) returns grad_attn_mask for a floating mask, None for a bool one or none.
+  def_with_backward("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None,"
+                    " str precision='bf16') -> Tensor",
+                    "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None,"
+                    " float? scale=None, str precision='bf16') -> (Tensor grad_q, Tensor grad_k, Tensor grad_v,"
+                    " Tensor grad_attn_mask)");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
   def_with_backward("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"

@@ -191,6 +191,109 @@ def test_bad_input_names_the_argument():
         ltx_kernels.attention(q, k, v, scale="0.1")
 
 
+# ---- the backward (both precisions: the exact attention's gradient) ----
+
+
+def sdpa64_grads(q, k, v, grad_out, mask=None, scale=None):
+    """Autograd of SDPA in fp64 (math): the gradients of q, k, v and of a floating mask; rows
+    whose keys are all masked give zero gradients (SDPA gives NaN)."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    m = mask.detach().double().requires_grad_() if mask is not None and mask.is_floating_point() else mask
+    out = F.scaled_dot_product_attention(*leaves, attn_mask=m, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    out.backward(grad_out.double())
+    grads = [t.grad.nan_to_num(0.0) for t in leaves]
+    return grads + ([m.grad.nan_to_num(0.0)] if m is not None and m.is_floating_point() else [])
+
+
+def ours_grads(q, k, v, grad_out, mask=None, scale=None, precision="bf16"):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    m = mask.detach().clone().requires_grad_() if mask is not None and mask.is_floating_point() else mask
+    ltx_kernels.attention(*leaves, attn_mask=m, scale=scale, precision=precision).backward(grad_out)
+    return [t.grad for t in leaves] + ([m.grad] if m is not None and m.is_floating_point() else [])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_backward_matches_sdpa(precision, dtype, shape):
+    """The 8-bit precision's gradient is the exact attention's (straight through its rounding)."""
+    q, k, v = qkv(shape, dtype, seed=11)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(dtype)
+    grads = ours_grads(q, k, v, grad_out, scale=0.2, precision=precision)
+    for got, want, x in zip(grads, sdpa64_grads(q, k, v, grad_out, scale=0.2), (q, k, v)):
+        assert got.dtype == dtype and got.shape == x.shape
+        assert_close(got, want, dtype)
+
+
+def test_backward_of_8bit_is_the_exact_gradient():
+    q, k, v = qkv((1, 4, 2, 70, 90, 64), torch.float32, seed=13)
+    grad_out = torch.randn(q.shape)
+    for exact, straight_through in zip(ours_grads(q, k, v, grad_out), ours_grads(q, k, v, grad_out, precision="8bit")):
+        assert torch.equal(exact, straight_through)
+
+
+def test_backward_masks_and_fully_masked_rows():
+    """A bool padding mask, a float mask broadcast from [Sq, Sk] (its gradient summed over the
+    batch and heads it broadcasts along) and a [B, 1, Sq, Sk] one, and a row with every key
+    masked: zero gradients there, finite everywhere."""
+    q, k, v = qkv((2, 2, 2, 9, 13, 64), torch.float32, seed=14)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(15))
+    padding = torch.ones(2, 1, 1, 13, dtype=torch.bool)
+    padding[1, ..., 5:] = False
+    rows = torch.ones(2, 2, 9, 13, dtype=torch.bool)
+    rows[0, 1, 3] = False
+    for mask in (padding, rows, torch.randn(9, 13), torch.randn(2, 1, 9, 13)):
+        got, want = ours_grads(q, k, v, grad_out, mask), sdpa64_grads(q, k, v, grad_out, mask)
+        assert len(got) == len(want) == (4 if mask.is_floating_point() else 3)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.isfinite(g).all()
+            assert_close(g, w, torch.float32)
+    dq = ours_grads(q, k, v, grad_out, rows)[0]
+    assert (dq[0, 1, 3] == 0).all()
+
+
+def test_backward_in_chunks():
+    """Long sequences run in chunks of heads and of query rows: a GQA group split between two
+    head chunks (10 q heads, 8 to a chunk at 2048 x 2048, 2 kv heads), and a 6000 x 5800 head
+    in two row chunks; the gradients are those of one piece. (fp32 sums over thousands of keys
+    and queries: the tolerance scale of 10 that test_backward.py gives reductions over rows.)"""
+    for shape in ((1, 10, 2, 2048, 2048, 8), (1, 1, 1, 6000, 5800, 8)):
+        q, k, v = qkv(shape, torch.float32, seed=16)
+        grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(17))
+        for got, want in zip(ours_grads(q, k, v, grad_out), sdpa64_grads(q, k, v, grad_out)):
+            assert_close(got, want, torch.float32, scale=10.0)
+
+
+@pytest.mark.filterwarnings("ignore:Input #.* is not a double precision")
+def test_backward_strided_views_and_gradcheck():
+    """Views of a fused projection get the contiguous inputs' gradients; finite differences in
+    fp32 (the op takes no fp64) agree within eps = 1e-3, atol = 1e-3, rtol = 1e-2."""
+    q, k, v = qkv((2, 3, 3, 40, 40, 64), torch.float32, seed=18, layout="fused")
+    grad_out = torch.randn(q.shape)
+    for a, b in zip(ours_grads(q, k, v, grad_out), ours_grads(q.contiguous(), k.contiguous(), v.contiguous(), grad_out)):
+        assert torch.equal(a, b)
+    g = torch.Generator().manual_seed(19)
+    inputs = [torch.randn(*shape, generator=g).requires_grad_() for shape in ((1, 2, 5, 8), (1, 1, 4, 8), (1, 1, 4, 8),
+                                                                               (5, 4))]
+    assert torch.autograd.gradcheck(lambda q, k, v, m: ltx_kernels.attention(q, k, v, attn_mask=m), inputs,
+                                    eps=1e-3, atol=1e-3, rtol=1e-2)
+
+
+def test_backward_meta_and_bad_input():
+    q = torch.empty(2, 4, 7, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 2, 5, 64, device="meta", dtype=torch.bfloat16)
+    grads = ops.attention_backward(q, q, k, k, torch.empty(7, 5, device="meta"), None, "8bit")
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape, (7, 5)]
+    assert ops.attention_backward(q, q, k, k, None, None, "bf16")[3] is None
+    q, k, v = qkv((1, 2, 2, 5, 5, 16), torch.float32)
+    with pytest.raises(ValueError, match="attention_backward: grad_out must have the output's shape"):
+        ops.attention_backward(q[:, :, :4], q, k, v, None, None, "bf16")
+    with pytest.raises(TypeError, match="attention_backward: grad_out must have q's dtype"):
+        ops.attention_backward(q.half(), q, k, v, None, None, "bf16")
+    with pytest.raises(ValueError, match="attention: precision must be 'bf16' or '8bit'"):
+        ops.attention_backward(q, q, k, v, None, None, "int4")
+
+
 # ---- the CUDA kernel ----
 
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
@@ -368,3 +471,16 @@ def test_cuda_unsupported_inputs_raise():
         ltx_kernels.attention(q, q, q)
     with pytest.raises(ValueError, match="attn_mask must be on q's device"):
         ltx_kernels.attention(q[..., :64], q[..., :64], q[..., :64], attn_mask=torch.ones(8, 8, dtype=torch.bool))
+
+
+@cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+def test_cuda_backward_matches_sdpa(dtype):
+    """The backward on the GPU (the same composite of torch ops): GQA, cross-attention padding."""
+    q, k, v = on_cuda(*qkv((2, 4, 2, 129, 65, 64), dtype, seed=20))
+    grad_out = torch.randn(q.shape, device="cuda").to(dtype)
+    padding = torch.ones(2, 1, 1, 65, dtype=torch.bool, device="cuda")
+    padding[1, ..., 40:] = False
+    for got, want in zip(ours_grads(q, k, v, grad_out, padding), sdpa64_grads(q, k, v, grad_out, padding)):
+        assert got.device == q.device
+        assert_close(got, want, dtype)

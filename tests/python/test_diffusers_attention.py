@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ltx_kernels
-from conftest import HAS_CUDA, TOLERANCE, rel_err
+from conftest import HAS_CUDA, TOLERANCE, assert_close, rel_err
 
 pytest.importorskip("diffusers")
 import ltx_kernels.diffusers as lkd  # noqa: E402
@@ -264,23 +264,39 @@ def test_backend_semantics_and_refusals(precision):
         ours(q2, k2, v2)
 
 
+def autograd_ctx():
+    """What an autograd.Function hands diffusers' templated attention's forward op: an object
+    to save tensors on."""
+    ctx = SimpleNamespace()
+    ctx.save_for_backward = lambda *tensors: setattr(ctx, "saved_tensors", tensors)
+    return ctx
+
+
 @pytest.mark.parametrize("precision", ["bf16", "8bit"])
 def test_context_parallelism_ulysses_runs_ring_raises(monkeypatch, precision):
     """Ulysses simulated in one process: diffusers' all-to-all hands each rank every token of
     1 / degree of the heads and calls the backend's forward op on them; per-head attention (the
     8-bit K mean and block scales are per head too) makes the gathered result the plain one,
-    exactly. (Run for real on 2 CPU ranks over gloo: 1.5e-7 from the plain run, fp32.) Ring
-    attention raises; so does the backward, as the op is forward-only."""
+    exactly. (Run for real on 2 CPU ranks over gloo: 1.5e-7 from the plain run, fp32.) The
+    backward op, from what the forward op saved, gives the op's own gradients. Ring attention
+    raises."""
     import diffusers.models.attention_dispatch as dispatch
 
     def ulysses(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse, *,
                 forward_op, backward_op, _parallel_config):
         degree = _parallel_config.context_parallel_config.ulysses_degree
-        with pytest.raises(RuntimeError, match="forward-only"):
-            backward_op(None, query)
+        ctx = autograd_ctx()
+        out = forward_op(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                         _save_ctx=True, _parallel_config=_parallel_config)
+        grad_out = torch.randn_like(out)
+        leaves = [x.detach().requires_grad_() for x in (query, key, value)]
+        dispatch_attention_fn(*leaves, attn_mask=attn_mask, scale=scale, backend=name).backward(grad_out)
+        for got, want in zip(backward_op(ctx, grad_out), leaves):
+            assert_close(got, want.grad, query.dtype)
         shards = zip(*(x.chunk(degree, dim=2) for x in (query, key, value)))
-        return torch.cat([forward_op(None, *shard, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-                                     _save_ctx=True, _parallel_config=_parallel_config) for shard in shards], dim=2)
+        return torch.cat([forward_op(autograd_ctx(), *shard, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                     return_lse, _save_ctx=True, _parallel_config=_parallel_config)
+                          for shard in shards], dim=2)
 
     monkeypatch.setattr(dispatch, "_templated_context_parallel_attention", ulysses)
     name = BACKEND[precision]

@@ -123,8 +123,8 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         (exact; its short-key kernel: at most 128 keys, LTX's text) instead of diffusers'
         dispatcher: where no backend was chosen (neither this processor's nor an active one other
         than diffusers' default, the native SDPA) nor context parallelism, on a GPU the kernel
-        takes, and where no gradient flows through it: the kernel is forward-only, so a training
-        forward (LoRA fine-tuning) keeps diffusers' SDPA, which has a backward."""
+        takes, and where no gradient flows through it: a training forward (LoRA fine-tuning)
+        keeps diffusers' SDPA, whose fused backward is faster than the op's composite one."""
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
