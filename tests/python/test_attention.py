@@ -279,6 +279,20 @@ def test_backward_strided_views_and_gradcheck():
                                     eps=1e-3, atol=1e-3, rtol=1e-2)
 
 
+def test_backward_under_torch_compile():
+    """AOTAutograd traces the op and its backward op (no graph break): the same gradients."""
+    q, k, v = qkv((1, 4, 2, 33, 40, 64), torch.float32, seed=21)
+    mask = torch.randn(33, 40)
+    grad_out = torch.randn(q.shape)
+    eager = ours_grads(q, k, v, grad_out, mask)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, mask)]
+    fn = torch.compile(lambda q, k, v, m: ltx_kernels.attention(q, k, v, attn_mask=m), fullgraph=True,
+                       backend="aot_eager")
+    fn(*leaves).backward(grad_out)
+    for got, want in zip((t.grad for t in leaves), eager):
+        assert torch.equal(got, want)
+
+
 def test_backward_meta_and_bad_input():
     q = torch.empty(2, 4, 7, 64, device="meta", dtype=torch.bfloat16)
     k = torch.empty(2, 2, 5, 64, device="meta", dtype=torch.bfloat16)

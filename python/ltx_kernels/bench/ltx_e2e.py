@@ -11,8 +11,8 @@ our exact attention kernel (``inject(attention="bf16")``: the ``ltx_kernels`` di
 backend instead of SDPA) and with our 8-bit attention (``inject(attention="8bit")``: the
 ``ltx_kernels_8bit`` backend), alone and with torch.compile; then, each on a fresh copy of the
 same random weights (quantizing is one-way): ours in FP8 (``inject(precision="fp8")``), alone,
-with torch.compile and in a CUDA graph, ours in FP8 with our exact or 8-bit attention, the
-8-bit one also with torch.compile, and the anchor torchao FP8
+with torch.compile and in a CUDA graph, ours in FP8 with our exact or 8-bit attention, alone and
+with torch.compile, and the anchor torchao FP8
 (``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``) + torch.compile, skipped
 with a message when torchao is not installed.
 Per mode: median step time over ``--reps`` CUDA-event-timed steps after warm-up, peak memory,
@@ -35,10 +35,10 @@ from ltx_kernels.bench import harness, ltx_models
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnbf16", "ours+attn8bit",
          "ours+attn8bit+compile", "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16",
-         "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
+         "ours-fp8+attnbf16+compile", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
-QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16", "ours-fp8+attn8bit",
-             "ours-fp8+attn8bit+compile", "torchao-fp8+compile")
+QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16", "ours-fp8+attnbf16+compile",
+             "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -201,7 +201,8 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
                  ("ours+attnbf16", "ours"), ("ours+attn8bit", "ours"), ("ours+attn8bit+compile", "ours+compile"),
                  ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
                  ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16", "ours-fp8"),
-                 ("ours-fp8+attnbf16", "torchao-fp8+compile"), ("ours-fp8+attn8bit", "ours-fp8"),
+                 ("ours-fp8+attnbf16", "torchao-fp8+compile"), ("ours-fp8+attnbf16+compile", "torchao-fp8+compile"),
+                 ("ours-fp8+attn8bit", "ours-fp8"),
                  ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
