@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ltx_kernels/attention.h"
+#include "torch/backward.h"
 #include "torch/common.h"
 #include "torch/registration.h"
 
@@ -21,8 +22,6 @@
 
 namespace ltx_kernels::torch_ext {
 namespace {
-
-using OptTensor = std::optional<at::Tensor>;
 
 AttentionPrecision precision_of(c10::string_view precision) {
   if (precision == "8bit") return AttentionPrecision::kInt8QK;
@@ -183,7 +182,7 @@ Grads4 attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, 
   const bool mask_grad = !check_backward(grad_out, q, k, v, attn_mask, precision).empty();
   return {at::empty_like(q, at::MemoryFormat::Contiguous), at::empty_like(k, at::MemoryFormat::Contiguous),
           at::empty_like(v, at::MemoryFormat::Contiguous),
-          mask_grad ? at::empty_like(*attn_mask, at::MemoryFormat::Contiguous) : at::Tensor()};
+          mask_grad ? at::empty_like(*attn_mask, at::MemoryFormat::Contiguous) : none_grad(attn_mask ? *attn_mask : q)};
 }
 
 // attention's backward, for both precisions: the gradient of exact attention at q, k, v and
@@ -195,7 +194,9 @@ Grads4 attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, 
 // query rows keep each [heads, rows, Sk] fp32 temporary within 2^25 elements (128 MiB), so
 // memory stays bounded at any sequence length. Correct, not fused: a flash-attention backward
 // kernel (tiles of S in registers, never in memory) is not written yet. A fully masked row gets
-// zero gradients (its output is 0 whatever q, k, v are); a NaN score makes its row's NaN.
+// zero gradients (its output is 0 whatever q, k, v are); a NaN score makes its row's NaN. A
+// bool mask, which has no gradient, gets none_grad's empty tensor (of its dtype), as an absent
+// one does (of q's).
 Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const OptTensor& attn_mask, std::optional<double> scale, c10::string_view precision) {
   const std::vector<int64_t> mask_sizes = check_backward(grad_out, q, k, v, attn_mask, precision);
@@ -235,15 +236,11 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
         ds.sub_((p * ds).sum(-1, /*keepdim=*/true)).mul_(p);
         dq[b].slice(0, h0, h1).slice(1, r0, r1).copy_(at::matmul(ds, kf).mul_(sc));
         dk_heads.add_(at::matmul(ds.transpose(-1, -2), qf).mul_(sc));
-        if (dmask.defined()) {
-          at::Tensor part = ds;
-          if (mask_sizes[1] == 1) part = part.sum(0, /*keepdim=*/true);
-          if (mask_sizes[2] == 1) part = part.sum(1, /*keepdim=*/true);
-          if (mask_sizes[3] == 1) part = part.sum(2, /*keepdim=*/true);
+        if (dmask.defined()) {  // this chunk's part of the mask, summed where the mask broadcasts
           at::Tensor into = dmask[mask_sizes[0] == 1 ? 0 : b];
           if (mask_sizes[1] != 1) into = into.slice(0, h0, h1);
           if (mask_sizes[2] != 1) into = into.slice(1, r0, r1);
-          into.add_(part);
+          into.add_(reduce_like(ds, into));
         }
       }
       dk[b].index_add_(0, kv_head, dk_heads);
@@ -251,7 +248,8 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
     }
   }
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
-          dmask.defined() ? dmask.view(attn_mask->sizes()).to(attn_mask->scalar_type()) : at::Tensor()};
+          dmask.defined() ? dmask.view(attn_mask->sizes()).to(attn_mask->scalar_type())
+                          : none_grad(attn_mask ? *attn_mask : q)};
 }
 
 }  // namespace

@@ -121,7 +121,8 @@ LTX_KERNELS_LIBRARY(m) {
   // Attention (attention.cpp): SDPA's [B, H, S, D] layout and mask semantics, non-causal;
   // precision 'bf16' (exact) or '8bit' (INT8 q and smoothed k, per-block scales).
   // Its backward (the exact attention's gradient for both precisions: straight through the
-  // 8-bit rounding) returns grad_attn_mask for a floating mask, None for a bool one or none.
+  // 8-bit rounding) returns grad_attn_mask for a floating mask, an empty tensor for a bool
+  // (no gradient) or absent one.
   def_with_backward("attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None, float? scale=None,"
                     " str precision='bf16') -> Tensor",
                     "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None,"

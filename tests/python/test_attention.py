@@ -298,7 +298,9 @@ def test_backward_meta_and_bad_input():
     k = torch.empty(2, 2, 5, 64, device="meta", dtype=torch.bfloat16)
     grads = ops.attention_backward(q, q, k, k, torch.empty(7, 5, device="meta"), None, "8bit")
     assert [g.shape for g in grads] == [q.shape, k.shape, k.shape, (7, 5)]
-    assert ops.attention_backward(q, q, k, k, None, None, "bf16")[3] is None
+    assert ops.attention_backward(q, q, k, k, None, None, "bf16")[3].numel() == 0  # none_grad: no mask
+    bool_mask = torch.ones(7, 5, dtype=torch.bool, device="meta")
+    assert ops.attention_backward(q, q, k, k, bool_mask, None, "bf16")[3].numel() == 0
     q, k, v = qkv((1, 2, 2, 5, 5, 16), torch.float32)
     with pytest.raises(ValueError, match="attention_backward: grad_out must have the output's shape"):
         ops.attention_backward(q[:, :, :4], q, k, v, None, None, "bf16")

@@ -233,10 +233,14 @@ ACTIVATIONS = {"gelu_tanh_and_mul": gelu_tanh_formula, "gelu_and_mul": gelu_form
 @pytest.mark.parametrize("d", SIZES)
 @pytest.mark.parametrize("name", ["gelu_tanh", *ACTIVATIONS, "geglu_tanh", "geglu_none", "swiglu"])
 def test_activations(device, dtype, d, name):
-    """Inputs scaled by 3 reach the far negative tail (test_elementwise.TAIL) now and then."""
+    """Inputs scaled by 3 reach the far negative tail (test_elementwise.TAIL) now and then. The
+    op reads x * 3 as rounded to dtype, and so does the formula: near a zero of gelu's
+    derivative the unrounded product's gradient differs by more than the tolerance (bf16, 3
+    elements: 11 failures in 3000 seeds before, 0 after)."""
     if name == "gelu_tanh":
         x, xv = leaf((3, d), dtype, device, strided=True)
-        check_grads(lambda x: ops.gelu_tanh(x * 3), lambda x: gelu_tanh_formula(x * 3), [x], [xv], dtype)
+        check_grads(lambda x: ops.gelu_tanh(x * 3), lambda x: gelu_tanh_formula(rounded(x * 3, dtype)), [x], [xv],
+                    dtype)
     elif name in ACTIVATIONS:
         a, av = leaf((2, 3, d), dtype, device, strided=True)
         b, bv = leaf((2, 3, d), dtype, device)

@@ -313,8 +313,10 @@ def build_attention(draw, dtype):
                       for t in (q, k, v))
         scores = qd @ kd.transpose(-1, -2) / math.sqrt(d)
         if mask is not None:
-            scores = scores + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask.double())
-        p = torch.softmax(scores, -1).nan_to_num(0.0)  # a query whose keys are all masked: zeros
+            scores = scores + (torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else m.tensor.double())
+        # A query whose keys are all masked: zeros, and zero gradients (no NaN for autograd to carry).
+        dead = (scores == -math.inf).all(-1, keepdim=True)
+        p = torch.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
         return p @ vd
 
     cuda_refuses = dtype == torch.float32 or d not in (64, 128)
@@ -439,7 +441,7 @@ def build_backward(draw, dtype, forward):
         # The arguments' own tensors require grad while the formula runs (it reads some through
         # their Arg, some directly): each gradient is fp64 autograd's, rounded once to its dtype.
         saved = [a.tensor for a in inputs]
-        present = [t for t in saved if t is not None]
+        present = [t for t in saved if t is not None and t.is_floating_point()]  # (a bool mask has none)
         for t in present:
             t.requires_grad_()
         try:
@@ -450,7 +452,8 @@ def build_backward(draw, dtype, forward):
         finally:
             for t in present:
                 t.requires_grad_(False)
-        result = tuple(torch.empty(0) if t is None else next(got) for t in saved)
+        result = tuple(torch.empty(0) if t is None else next(got) if t.is_floating_point() else torch.empty(0, dtype=t.dtype)
+                       for t in saved)
         return result if len(result) > 1 else result[0]  # a single gradient is returned bare
 
     back = Call(f"{call.op}_backward", grads + call.args + extra, scale=10.0 if dtype == torch.float32 else 4.0,
@@ -465,12 +468,12 @@ GRAD_NAMES = {
     "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
-    "linear_gelu_tanh": ["grad_out"],
+    "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
-                                 "linear_gelu_tanh"]}
+                                 "linear_gelu_tanh", "attention"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 
 
@@ -489,6 +492,8 @@ def check_matches(out, ref, dtype, call, scale=None, out_dtype=None):
         return
     if call.exact:
         assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    elif ref.numel() == 0:  # e.g. the gradient of an argument that has none (an absent one, a bool mask)
+        assert out.shape == ref.shape and out.dtype == (out_dtype or call.out_dtype or dtype)
     else:
         out_dtype = out_dtype or call.out_dtype or dtype
         assert out.dtype == out_dtype
