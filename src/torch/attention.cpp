@@ -217,13 +217,13 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
       const int64_t h1 = std::min(heads, h0 + chunk_heads);
       // Each q head's kv head (grouped-query attention): their gradients are summed into it.
       const at::Tensor kv_head = at::arange(h0, h1, q.options().dtype(at::kLong)).div_(group, "floor");
-      const at::Tensor kf = k[b].index_select(0, kv_head).to(at::kFloat);  // [h, Sk, D]
-      const at::Tensor vf = v[b].index_select(0, kv_head).to(at::kFloat);
+      const at::Tensor kf = f32(k[b].index_select(0, kv_head));  // [h, Sk, D]
+      const at::Tensor vf = f32(v[b].index_select(0, kv_head));
       at::Tensor dk_heads = at::zeros_like(kf), dv_heads = at::zeros_like(vf);
       for (int64_t r0 = 0; r0 < seq_q; r0 += chunk_rows) {
         const int64_t r1 = std::min(seq_q, r0 + chunk_rows);
-        const at::Tensor qf = q[b].slice(0, h0, h1).slice(1, r0, r1).to(at::kFloat);  // [h, r, D]
-        const at::Tensor go = grad_out[b].slice(0, h0, h1).slice(1, r0, r1).to(at::kFloat);
+        const at::Tensor qf = f32(q[b].slice(0, h0, h1).slice(1, r0, r1));  // [h, r, D]
+        const at::Tensor go = f32(grad_out[b].slice(0, h0, h1).slice(1, r0, r1));
         at::Tensor s = at::matmul(qf, kf.transpose(-1, -2)).mul_(sc);  // [h, r, Sk]
         if (mask.defined()) s.add_(mask[b].slice(0, h0, h1).slice(1, r0, r1));
         at::Tensor row_max = std::get<0>(s.max(-1, /*keepdim=*/true));
