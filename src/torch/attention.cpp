@@ -204,9 +204,9 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
   const int64_t group = heads / heads_kv;
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   const at::Tensor mask = attn_mask ? additive_mask(*attn_mask, q, k) : at::Tensor();
-  const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor dq = at::empty(q.sizes(), f32), dk = at::zeros(k.sizes(), f32), dv = at::zeros(v.sizes(), f32);
-  at::Tensor dmask = mask_sizes.empty() ? at::Tensor() : at::zeros(mask_sizes, f32);
+  const auto fp32 = q.options().dtype(at::kFloat);
+  at::Tensor dq = at::empty(q.sizes(), fp32), dk = at::zeros(k.sizes(), fp32), dv = at::zeros(v.sizes(), fp32);
+  at::Tensor dmask = mask_sizes.empty() ? at::Tensor() : at::zeros(mask_sizes, fp32);
   constexpr int64_t kBudget = int64_t{1} << 25;  // fp32 elements of one [heads, rows, Sk] temporary
   const int64_t per_head = std::max<int64_t>(seq_q * seq_k, 1);
   const int64_t chunk_heads = std::clamp<int64_t>(kBudget / per_head, 1, heads);
