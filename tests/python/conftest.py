@@ -48,10 +48,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out64 - ref64).norm().item() / (denom if denom > 0 else 1.0)
 
 
-def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0,
+                 magnitude: torch.Tensor | None = None):
     """out matches ref for dtype: relative L2 within TOLERANCE[dtype] * scale, and every
     element within ELEMENT_RTOL[dtype] * scale of |ref| plus TOLERANCE[dtype] * scale of the
-    output's rms, so that one wrong element fails too. Values below the dtype's smallest
+    output's rms, so that one wrong element fails too. Where ref is a sum whose terms cancel,
+    `magnitude` (the sum of the terms' absolute values, same shape) replaces |ref|: each term's
+    rounding is relative to the term, not to the sum. Values below the dtype's smallest
     normal count as 0 (GPU kernels flush subnormals, as fast-math exp and division do), and
     scales below it are measured against that floor (e.g. one GELU of a very negative input):
     no dtype gets closer to such a value than its own spacing."""
@@ -68,7 +71,8 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale
     rms = norm / out.numel() ** 0.5
     # (+ floor: a value on one side of the smallest normal and its reference on the other are
     # as close as the dtype can tell)
-    bound = (ELEMENT_RTOL[dtype] * ref64.abs() + TOLERANCE[dtype] * rms) * scale + floor
+    size = ref64.abs() if magnitude is None else magnitude.double().cpu()
+    bound = (ELEMENT_RTOL[dtype] * size + TOLERANCE[dtype] * rms) * scale + floor
     excess = (out64 - ref64).abs() - bound
     worst = int(excess.flatten().argmax())
     assert excess.flatten()[worst] <= 0, (

@@ -404,8 +404,12 @@ def test_cuda_short_key_kernel(dtype, d, shape):
     padding = torch.arange(sk, device="cuda")[None, None, None, :] < torch.tensor([sk, 1 + sk // 2, 1][:b],
                                                                                   device="cuda")[:, None, None, None]
     assert_close(ltx_kernels.attention(q, k, v, attn_mask=padding), sdpa64(q, k, v, padding), dtype)
-    per_head = torch.randn(b, hq, 1, sk, device="cuda")  # a key bias of each head's own
-    assert_close(ltx_kernels.attention(q, k, v, attn_mask=per_head), sdpa64(q, k, v, per_head), dtype)
+    # A key bias of each head's own: sharper rows, whose outputs can be small sums of large
+    # terms, each term off by P's rounding to the input dtype (as in every kernel that feeds
+    # P to the tensor cores): the element bound is relative to the sum of |P V| terms.
+    per_head = torch.randn(b, hq, 1, sk, generator=torch.Generator().manual_seed(12)).cuda()
+    assert_close(ltx_kernels.attention(q, k, v, attn_mask=per_head), sdpa64(q, k, v, per_head), dtype,
+                 magnitude=sdpa64(q, k, v.abs(), per_head))
 
 
 @cuda
