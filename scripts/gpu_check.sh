@@ -2,9 +2,10 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py py1 py2 bench heldout gemm attention e2e fidelity flux dit cache llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_DIT / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
-# (one step), fidelity, image DiT (PixArt, DiT, SD3), LTX-Video cached-loop and LLM end-to-end benchmarks.
+# time per command is limited (stages: cpp sanitize py py1 py2 bench heldout gemm attention e2e fidelity flux dit unet cache llm); GPU_CHECK_PYTEST passes extra
+# pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_DIT / GPU_CHECK_UNET / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# (one step), fidelity, image DiT (PixArt, DiT, SD3), UNet (SDXL, SD 1.5), LTX-Video cached-loop and LLM end-to-end
+# benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
 # GoogleTest source tree in .gtest/ (used when no system GoogleTest is found).
@@ -108,6 +109,8 @@ bench_stage fidelity "fidelity benchmark (LTX-Video, final latents vs the fp32 m
 bench_stage flux "end-to-end FLUX.1-dev benchmark (one step, 1024x1024)" ltx_kernels.bench.flux_e2e
 bench_stage dit "end-to-end image DiT benchmark (one step; default PixArt-Sigma 1024x1024)" \
   ltx_kernels.bench.dit_e2e ${GPU_CHECK_DIT:-}
+bench_stage unet "end-to-end UNet benchmark (one step; default SDXL 1024x1024)" ltx_kernels.bench.unet_e2e \
+  ${GPU_CHECK_UNET:-}
 bench_stage cache "end-to-end LTX-Video denoising loop with FirstBlockCache (stock vs ours vs ours + compile)" \
   ltx_kernels.bench.ltx_cache ${GPU_CHECK_CACHE:-}
 bench_stage llm "end-to-end LLM benchmark (transformers, Llama-3-8B dimensions)" ltx_kernels.bench.llm_e2e \

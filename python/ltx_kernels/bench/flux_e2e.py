@@ -64,14 +64,15 @@ def step_inputs(model, height: int, width: int, text_tokens: int, device) -> dic
     )
 
 
-def run(stock, fresh, inputs, modes, reps: int) -> list[dict]:
+def run(stock, fresh, inputs, modes, reps: int, tokens: int | None = None) -> list[dict]:
     """Times one step per mode: ``stock`` (None if only quantized modes run) for the others,
-    ``fresh()`` a new model for each quantized one, ``inputs(model)`` the step's kwargs. Shared
-    by the image-model benchmarks."""
+    ``fresh()`` a new model for each quantized one, ``inputs(model)`` the step's kwargs, ``tokens``
+    the image tokens the report names (default: dimension 1 of the kwargs' ``hidden_states``,
+    FLUX's packed tokens; a UNet takes ``sample`` instead). Shared by the image-model benchmarks."""
     reference, rows = None, []
     for mode, model in each_mode(stock, fresh, modes):
         kw = inputs(model)
-        row = {"mode": mode, "tokens": kw["hidden_states"].shape[1]}
+        row = {"mode": mode, "tokens": tokens or kw["hidden_states"].shape[1]}
         with torch.no_grad():
             reference = measure_step(lambda: model(**kw)[0], mode, reps, reference, row)
         rows.append(row)
