@@ -130,6 +130,27 @@ def layer_norm(
     return _ops.layer_norm(x, weight, bias, _eps("layer_norm", eps))
 
 
+def group_norm(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    add: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """``torch.nn.functional.group_norm(x + add, num_groups, weight, bias, eps)``, then SiLU
+    with ``activation="silu"``: a UNet's GroupNorm, its GroupNorm + SiLU, and a ResNet block's
+    time-embedding add + norm2 + SiLU, each in one pass. ``x`` is ``[N, C, *]``, contiguous or
+    channels last (the output keeps that layout; another is copied first); ``add`` ``[N, C]`` in
+    ``x``'s dtype, added in fp32 (not rounded); ``weight`` and ``bias`` ``[C]`` in ``x``'s
+    dtype or float32."""
+    groups = _integer("group_norm", "num_groups", num_groups, minimum=1)
+    silu = _choice("group_norm", "activation", "none" if activation is None else activation, ("none", "silu")) == "silu"
+    return _ops.group_norm(x, groups, weight, bias, _eps("group_norm", eps), add, silu)
+
+
 def adaln_rms_norm(
     x: torch.Tensor,
     scale: torch.Tensor,

@@ -118,6 +118,13 @@ LTX_KERNELS_LIBRARY(m) {
   // [B, S, N], gate [B, 1, N] or [N] (a DiT block's gated residual, written by the GEMM).
   def("fp8_linear_gated_residual(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
       " Tensor residual, Tensor gate) -> Tensor");
+  // GroupNorm (group_norm.cpp): x [N, C, *] channels first or last (out in x's layout),
+  // add [N, C] added per channel before the norm (a ResNet block's time embedding), silu after.
+  def_with_backward("group_norm(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-5,"
+                    " Tensor? add=None, bool silu=False) -> Tensor",
+                    "group_norm_backward(Tensor grad_out, Tensor x, int num_groups, Tensor? weight=None,"
+                    " Tensor? bias=None, float eps=1e-5, Tensor? add=None, bool silu=False) -> (Tensor grad_x,"
+                    " Tensor grad_weight, Tensor grad_bias, Tensor grad_add)");
   // Attention (attention.cpp): SDPA's [B, H, S, D] layout and mask semantics, non-causal;
   // precision 'bf16' (exact) or '8bit' (INT8 q and smoothed k, per-block scales).
   // Its backward (the exact attention's gradient for both precisions: straight through the

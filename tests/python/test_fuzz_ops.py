@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from conftest import DTYPES, HAS_CUDA, TOLERANCE, activation_scale, assert_close
 from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
 from test_fp8 import fp8_accumulator_error, torch_quantize
+from test_group_norm import formula as group_norm_formula
 from test_layer_norm import layer_norm_formula
 from test_rms_norm import rms_norm_formula
 from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula
@@ -397,6 +398,35 @@ def build_fused_linear_cross_entropy(draw, dtype):
     return call, formula
 
 
+def build_group_norm(draw, dtype):
+    """x [N, C, *spatial] contiguous, channels last or in another layout (copied: any layout is
+    valid, and so is any spatial shape), per-channel weight / bias, a [N, C] add, SiLU or not.
+    Groups of >= 3 elements and, with add, >= 2 channels: otherwise the backward's gradients are
+    rounding noise around 0 (test_group_norm.test_backward)."""
+    n = draw(st.sampled_from([0, 1, 2, 3]))
+    spatial = draw(st.sampled_from([(), (3,), (5, 3), (7, 4), (3, 3, 5), (0, 3)]))
+    groups = draw(st.sampled_from([1, 2, 3]))
+    with_add = draw(st.booleans())
+    per_group = draw(st.sampled_from([3, 5] if not spatial else [2, 3, 5] if with_add else [1, 2, 3, 5]))
+    x_t = randn((n, groups * per_group, *spatial), dtype)
+    layout = draw(st.sampled_from(["contiguous", "channels_last", "transposed"]))
+    if layout == "channels_last":
+        x_t = x_t.movedim(1, -1).contiguous().movedim(-1, 1)
+    elif layout == "transposed" and x_t.dim() >= 3:
+        x_t = x_t.transpose(0, -1).contiguous().transpose(0, -1)
+    x = Arg("x", x_t, copied=True,
+            valid_breaks=("wider_last_dim", "strided_last_dim", "expanded_last_dim") if spatial else ())
+    c = x_t.shape[1]
+    pd = params_dtype(draw, dtype)
+    w = optional(draw, lambda: randn((c,), pd))
+    b = optional(draw, lambda: randn((c,), pd))
+    add = randn((n, c), dtype) if with_add else None
+    silu = draw(st.booleans())
+    call = Call("group_norm", [x, groups, Arg("weight", w, copied=True), Arg("bias", b, copied=True), 1e-5,
+                               Arg("add", add, copied=True), silu])
+    return call, lambda: group_norm_formula(x.tensor, groups, w, b, 1e-5, add, silu)
+
+
 BUILDERS = {
     "apply_rotary_pos_emb": build_apply_rotary_pos_emb,
     "fused_linear_cross_entropy": build_fused_linear_cross_entropy,
@@ -415,6 +445,7 @@ BUILDERS = {
     "gelu_tanh": build_activation,
     "and_mul": build_and_mul,
     "glu": build_glu,
+    "group_norm": build_group_norm,
     "linear_gelu_tanh": build_linear_gelu_tanh,
     "quantize_fp8": build_quantize_fp8,
 }
@@ -468,12 +499,12 @@ GRAD_NAMES = {
     "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
-    "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"],
+    "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"], "group_norm": ["grad_out"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
-                                 "linear_gelu_tanh", "attention"]}
+                                 "linear_gelu_tanh", "attention", "group_norm"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 
 

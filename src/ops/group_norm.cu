@@ -1,0 +1,269 @@
+// CUDA kernels and launcher of group_norm (include/ltx_kernels/group_norm.h).
+//
+// A group of a UNet is large (SDXL at 1024²: 10 channels x 16384 positions) and there are few
+// of them (64 per call at batch 2): one block per group would leave most SMs idle. So three
+// short kernels:
+//   1. stats: partial (mean, M2) of each channel over a segment of its positions, many
+//      segments at once (a warp per row segment channels-first; a block per 32 channels x
+//      kColSegment positions channels-last, a thread per channel so that a warp reads 32
+//      adjacent channels);
+//   2. finalize: one warp per (sample, group) merges its channels' partials (Chan's formula,
+//      exact for any mean) and writes each channel's (mean - add, rstd * weight, bias);
+//   3. apply: one elementwise pass over x in memory order, 16-byte vectors where aligned.
+// x is read twice (stats, apply), as torch's own GroupNorm kernels and torch.compile's do.
+// Partial sums are taken around a shift (the segment's first element), so that a large mean
+// costs no precision: M2 = sum (x - k)^2 - (sum (x - k))^2 / n with k near the data.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/activation.cuh"
+#include "core/convert.cuh"
+#include "core/reduce.cuh"
+#include "core/vec.cuh"
+#include "ltx_kernels/group_norm.h"
+#include "ops/host_util.h"
+
+namespace ltx_kernels {
+namespace {
+
+using host_util::ceil_div;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kRowSegment = 4096;  // channels-first: positions per warp
+constexpr int64_t kColSegment = 256;   // channels-last: positions per block (32 per warp)
+constexpr int kColChannels = 32;       // channels-last: channels per block
+
+// The partial statistics of one segment: its mean and M2 (count implied by the segment).
+struct __align__(8) Partial {
+  float mean, m2;
+};
+
+// Positions in segment `k` of `segment` positions each.
+__device__ __forceinline__ int64_t segment_count(int64_t spatial, int64_t segment, int64_t k) {
+  return min(segment, spatial - k * segment);
+}
+
+// Channels-first: warp w of the grid takes row (n, c) = w / segments, positions
+// [k * kRowSegment, ...) with k = w % segments.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) stats_rows_kernel(const GroupNormParams p, Partial* partials,
+                                                               int64_t segments) {
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= p.batch * p.channels * segments) return;
+  const int64_t row = warp / segments, k = warp % segments;
+  const int64_t count = segment_count(p.spatial, kRowSegment, k);
+  const T* x = static_cast<const T*>(p.x) + row * p.spatial + k * kRowSegment;
+  const float shift = core::to_float(x[0]);
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int64_t i = lane * VEC; i < count; i += 32 * VEC) {
+    const core::Floats<VEC> v = core::widen(core::load_stream<T, VEC>(x + i));
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const float d = v.v[e] - shift;
+      s1 += d;
+      s2 = fmaf(d, d, s2);
+    }
+  }
+  s1 = core::warp_reduce(s1, core::Sum());
+  s2 = core::warp_reduce(s2, core::Sum());
+  if (lane == 0) {
+    const float n = static_cast<float>(count);
+    partials[warp] = {shift + s1 / n, fmaxf(s2 - s1 * (s1 / n), 0.0f)};
+  }
+}
+
+// Channels-last: block (channel block, segment k, sample n), looping over k and n past the
+// grid's limits; thread (lane, warp) takes channel c0 + lane at positions k * kColSegment +
+// warp, + kWarps, ...; the warps' sums are added in shared memory (one shift per channel: its
+// value at the segment's first position).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) stats_cols_kernel(const GroupNormParams p, Partial* partials,
+                                                               int64_t segments) {
+  __shared__ float sums[2][kWarps][kColChannels];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColChannels + lane;
+  for (int64_t n = blockIdx.z; n < p.batch; n += gridDim.z) {
+    for (int64_t k = blockIdx.y; k < segments; k += gridDim.y) {
+      const int64_t count = segment_count(p.spatial, kColSegment, k);
+      const T* x = static_cast<const T*>(p.x) + (n * p.spatial + k * kColSegment) * p.channels + c;
+      const float shift = c < p.channels ? core::to_float(x[0]) : 0.0f;
+      float s1 = 0.0f, s2 = 0.0f;
+      if (c < p.channels) {
+        for (int64_t s = warp; s < count; s += kWarps) {
+          const float d = core::to_float(x[s * p.channels]) - shift;
+          s1 += d;
+          s2 = fmaf(d, d, s2);
+        }
+      }
+      sums[0][warp][lane] = s1;
+      sums[1][warp][lane] = s2;
+      __syncthreads();
+      if (warp == 0 && c < p.channels) {
+        s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s1 += sums[0][w][lane], s2 += sums[1][w][lane];
+        const float n_f = static_cast<float>(count);
+        partials[(n * p.channels + c) * segments + k] = {shift + s1 / n_f, fmaxf(s2 - s1 * (s1 / n_f), 0.0f)};
+      }
+      __syncthreads();  // sums is written again by the next segment
+    }
+  }
+}
+
+// Per channel of each sample: out = (x - center) * factor + bias.
+struct __align__(16) Coef {
+  float center, factor, bias, unused;
+};
+
+template <typename W>
+__device__ __forceinline__ float param(const void* ptr, int64_t c, float absent) {
+  return ptr ? core::to_float(static_cast<const W*>(ptr)[c]) : absent;
+}
+
+// One warp per (sample n, group g): the group's channels' segments, merged by Chan's formula
+// in two passes (the mean, then M2 around it); then each channel's coefficients.
+template <typename T, typename W>
+__global__ void __launch_bounds__(kThreads) finalize_kernel(const GroupNormParams p, const Partial* partials,
+                                                             int64_t segments, int64_t segment, Coef* coefs) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (item >= p.batch * p.groups) return;
+  const int64_t n = item / p.groups, per_group = p.channels / p.groups, c0 = item % p.groups * per_group;
+  const int64_t parts = per_group * segments;
+  const Partial* first = partials + (n * p.channels + c0) * segments;
+  const T* add = p.add ? static_cast<const T*>(p.add) + n * p.channels : nullptr;
+  // Part i: channel c0 + i / segments, segment i % segments; its mean with the channel's add.
+  const auto mean_of = [&](int64_t i) {
+    const float m = first[i].mean;
+    return add ? m + core::to_float(add[c0 + i / segments]) : m;
+  };
+  // Around the first part's mean, so that a large common mean does not swamp the sum.
+  const float ref = mean_of(0);
+  float sum = 0.0f;
+  for (int64_t i = lane; i < parts; i += 32) {
+    sum += static_cast<float>(segment_count(p.spatial, segment, i % segments)) * (mean_of(i) - ref);
+  }
+  const float total = static_cast<float>(per_group * p.spatial);
+  const float mean = ref + core::warp_reduce(sum, core::Sum()) / total;
+  float m2 = 0.0f;
+  for (int64_t i = lane; i < parts; i += 32) {
+    const float d = mean_of(i) - mean;
+    m2 += first[i].m2 + static_cast<float>(segment_count(p.spatial, segment, i % segments)) * d * d;
+  }
+  const float rstd = rsqrtf(core::warp_reduce(m2, core::Sum()) / total + p.eps);
+  for (int64_t c = c0 + lane; c < c0 + per_group; c += 32) {
+    const float center = add ? mean - core::to_float(add[c]) : mean;
+    coefs[n * p.channels + c] = {center, rstd * param<W>(p.weight, c, 1.0f), param<W>(p.bias, c, 0.0f), 0.0f};
+  }
+}
+
+// VEC elements from `i` (a multiple of VEC) of x in memory order; channel of element i is
+// c, of sample n. Channels-first, a vector lies in one channel (spatial % VEC == 0 or VEC 1);
+// channels-last, in VEC adjacent channels (channels % VEC == 0 or VEC 1).
+template <typename T, int VEC, bool CHANNELS_LAST>
+__global__ void __launch_bounds__(kThreads) apply_kernel(const GroupNormParams p, const Coef* coefs) {
+  const int64_t total = p.batch * p.channels * p.spatial;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads * VEC;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * VEC; i < total; i += stride) {
+    const core::Floats<VEC> v = core::widen(core::load_stream<T, VEC>(static_cast<const T*>(p.x) + i));
+    core::Floats<VEC> y;
+    if constexpr (CHANNELS_LAST) {
+      const int64_t n = i / (p.spatial * p.channels), c = i % p.channels;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const Coef k = coefs[n * p.channels + c + e];
+        y.v[e] = fmaf(v.v[e] - k.center, k.factor, k.bias);
+      }
+    } else {
+      const Coef k = coefs[i / p.spatial];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) y.v[e] = fmaf(v.v[e] - k.center, k.factor, k.bias);
+    }
+    if (p.silu) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) y.v[e] = core::silu(y.v[e]);
+    }
+    core::store(static_cast<T*>(p.out) + i, core::narrow<T, VEC>(y));
+  }
+}
+
+int64_t segments_of(const GroupNormParams& p) {
+  return ceil_div(p.spatial, p.channels_last ? kColSegment : kRowSegment);
+}
+
+// The workspace: the partials, then (16-byte aligned) the coefficients.
+int64_t partial_floats(const GroupNormParams& p) { return ceil_div(2 * p.batch * p.channels * segments_of(p), 4) * 4; }
+
+template <typename T, typename W>
+cudaError_t launch_typed(const GroupNormParams& p, float* workspace, cudaStream_t stream) {
+  const int64_t segments = segments_of(p);
+  Partial* partials = reinterpret_cast<Partial*>(workspace);
+  Coef* coefs = reinterpret_cast<Coef*>(workspace + partial_floats(p));
+  constexpr int kVec = 16 / sizeof(T);
+  // (every pointer from torch's allocator or a checked view: 16-byte alignment is checked)
+  const bool aligned = host_util::aligned16(p.x) && host_util::aligned16(p.out);
+  if (p.channels_last) {
+    constexpr int64_t kMaxGridYZ = 65535;
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.channels, kColChannels)),
+                    static_cast<unsigned>(std::min(segments, kMaxGridYZ)),
+                    static_cast<unsigned>(std::min(p.batch, kMaxGridYZ)));
+    stats_cols_kernel<T><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+  } else {
+    const unsigned blocks = static_cast<unsigned>(ceil_div(p.batch * p.channels * segments, kWarps));
+    if (aligned && p.spatial % kVec == 0) {
+      stats_rows_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p, partials, segments);
+    } else {
+      stats_rows_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p, partials, segments);
+    }
+  }
+  const unsigned items = static_cast<unsigned>(ceil_div(p.batch * p.groups, kWarps));
+  finalize_kernel<T, W><<<items, kThreads, 0, stream>>>(p, partials, segments,
+                                                        p.channels_last ? kColSegment : kRowSegment, coefs);
+  // A grid of a few waves of resident blocks, each looping over the rest.
+  int device = 0, sms = 0;
+  cudaError_t error = cudaGetDevice(&device);
+  if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (error != cudaSuccess) return error;
+  const bool vectorize = aligned && (p.channels_last ? p.channels : p.spatial) % kVec == 0;
+  const int64_t vectors = ceil_div(p.batch * p.channels * p.spatial, vectorize ? kVec : 1);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(vectors, kThreads), int64_t{sms} * 8));
+  if (vectorize) {
+    if (p.channels_last) {
+      apply_kernel<T, kVec, true><<<grid, kThreads, 0, stream>>>(p, coefs);
+    } else {
+      apply_kernel<T, kVec, false><<<grid, kThreads, 0, stream>>>(p, coefs);
+    }
+  } else if (p.channels_last) {
+    apply_kernel<T, 1, true><<<grid, kThreads, 0, stream>>>(p, coefs);
+  } else {
+    apply_kernel<T, 1, false><<<grid, kThreads, 0, stream>>>(p, coefs);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_weights(const GroupNormParams& p, float* workspace, cudaStream_t stream) {
+  return p.weight_dtype == DType::kFloat32 ? launch_typed<T, float>(p, workspace, stream)
+                                           : launch_typed<T, T>(p, workspace, stream);
+}
+
+}  // namespace
+
+int64_t workspace_floats(const GroupNormParams& p) {
+  return partial_floats(p) + 4 * p.batch * p.channels;
+}
+
+cudaError_t launch(const GroupNormParams& p, float* workspace, cudaStream_t stream) {
+  if (validate(p) != nullptr || workspace == nullptr) return cudaErrorInvalidValue;
+  if (p.batch == 0 || p.spatial == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kFloat32: return launch_typed<float, float>(p, workspace, stream);
+    case DType::kFloat16: return launch_weights<__half>(p, workspace, stream);
+    case DType::kBFloat16: return launch_weights<__nv_bfloat16>(p, workspace, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltx_kernels
