@@ -144,8 +144,15 @@ def bias_of(linear: nn.Linear, dtype: torch.dtype) -> torch.Tensor | None:
     return bias.to(dtype) if bias is not None and bias.dtype != dtype else bias
 
 
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x with a contiguous last dim, as quantize_fp8 reads it: nn.Linear takes any layout (e.g.
+    SDXL's proj_in gets a permuted [B, H*W, C] view of the group norm's NCHW output), so one
+    copy where the last dim is strided."""
+    return x if x.size(-1) <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return ops.fp8_linear(x, self.weight, self.weight_scale, bias_of(self, x.dtype))
+    return ops.fp8_linear(rows(x), self.weight, self.weight_scale, bias_of(self, x.dtype))
 
 
 def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -203,7 +210,7 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
     if len(modules) < 2 or not all(is_quantized(m) for m in modules):
         check_adapters(modules)
         return unfused()
-    return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(x), modules, x.dtype), unfused)
+    return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(rows(x)), modules, x.dtype), unfused)
 
 
 def dropout_is_identity(dropout: nn.Dropout) -> bool:

@@ -68,16 +68,11 @@ def test_compile_modes_compile_the_transformer_blocks(mode):
     assert not any(is_patched(m) for m in model.modules())
 
 
-# SDXL's transformers (use_linear_projection) feed proj_in a permuted view of the GroupNorm's
-# output, whose last dim is not contiguous: the FP8 linear's quantize_fp8 refuses it. Not
-# strict: a fix (in the FP8 linear, or the UNet integration's norm writing that layout) passes.
-FP8_PROJ_IN = pytest.mark.xfail(raises=ValueError, strict=False,
-                                reason="the FP8 linear refuses proj_in's input, a permuted view (last dim stride != 1)")
-
-
-@pytest.mark.parametrize("config", [pytest.param("sdxl-tiny", marks=FP8_PROJ_IN), "sd15-tiny"])
+@pytest.mark.parametrize("config", ["sdxl-tiny", "sd15-tiny"])
 def test_fp8_mode_runs_within_the_format_error(config):
-    """The ours-fp8 modes' inject(precision="fp8") on a fresh model (emulated on the CPU)."""
+    """The ours-fp8 modes' inject(precision="fp8") on a fresh model (emulated on the CPU).
+    SDXL's transformers feed proj_in a permuted view of the GroupNorm's output (last dim
+    strided), which the FP8 linear takes as nn.Linear does."""
     model, kw = tiny(config)
     report = assert_fp8_within_format_error(model, kw)
     assert report.patched, report
