@@ -4,9 +4,9 @@
 // of them (64 per call at batch 2): one block per group would leave most SMs idle. So three
 // short kernels:
 //   1. stats: partial (mean, M2) of each channel over a segment of its positions, many
-//      segments at once (a warp per row segment channels-first; a block per 32 channels x
-//      kColSegment positions channels-last, a thread per channel so that a warp reads 32
-//      adjacent channels);
+//      segments at once (a warp per row segment channels-first; a block per 64 channels x
+//      kColSegment positions channels-last, two 16-bit channels per thread so that a warp
+//      reads 128 contiguous bytes);
 //   2. finalize: one warp per (sample, group) merges its channels' partials (Chan's formula,
 //      exact for any mean) and writes each channel's (mean - add, rstd * weight, bias);
 //   3. apply: one elementwise pass over x in memory order, 16-byte vectors where aligned.
@@ -32,7 +32,6 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kRowSegment = 4096;  // channels-first: positions per warp
 constexpr int64_t kColSegment = 256;   // channels-last: positions per block (32 per warp)
-constexpr int kColChannels = 32;       // channels-last: channels per block
 
 // The partial statistics of one segment: its mean and M2 (count implied by the segment).
 struct __align__(8) Partial {
@@ -75,37 +74,50 @@ __global__ void __launch_bounds__(kThreads) stats_rows_kernel(const GroupNormPar
 }
 
 // Channels-last: block (channel block, segment k, sample n), looping over k and n past the
-// grid's limits; thread (lane, warp) takes channel c0 + lane at positions k * kColSegment +
-// warp, + kWarps, ...; the warps' sums are added in shared memory (one shift per channel: its
-// value at the segment's first position).
-template <typename T>
+// grid's limits; thread (lane, warp) takes CPT adjacent channels c0 + CPT lane ... (one 4-byte
+// load: a warp reads 128 contiguous bytes of a position's channels) at positions
+// k * kColSegment + warp, + kWarps, ...; the warps' sums are added in shared memory (one shift
+// per channel: its value at the segment's first position).
+template <typename T, int CPT>
 __global__ void __launch_bounds__(kThreads) stats_cols_kernel(const GroupNormParams p, Partial* partials,
                                                                int64_t segments) {
-  __shared__ float sums[2][kWarps][kColChannels];
+  constexpr int kChannels = 32 * CPT;  // per block
+  __shared__ float sums[2][kWarps][kChannels];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColChannels + lane;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + lane * CPT;
+  const bool active = c < p.channels;  // (channels % CPT == 0: all CPT or none)
   for (int64_t n = blockIdx.z; n < p.batch; n += gridDim.z) {
     for (int64_t k = blockIdx.y; k < segments; k += gridDim.y) {
       const int64_t count = segment_count(p.spatial, kColSegment, k);
       const T* x = static_cast<const T*>(p.x) + (n * p.spatial + k * kColSegment) * p.channels + c;
-      const float shift = c < p.channels ? core::to_float(x[0]) : 0.0f;
-      float s1 = 0.0f, s2 = 0.0f;
-      if (c < p.channels) {
+      float shift[CPT] = {}, s1[CPT] = {}, s2[CPT] = {};
+      if (active) {
+        const core::Floats<CPT> first = core::widen(core::load_cached<T, CPT>(x));
+#pragma unroll
+        for (int e = 0; e < CPT; ++e) shift[e] = first.v[e];
+#pragma unroll 4
         for (int64_t s = warp; s < count; s += kWarps) {
-          const float d = core::to_float(x[s * p.channels]) - shift;
-          s1 += d;
-          s2 = fmaf(d, d, s2);
+          const core::Floats<CPT> v = core::widen(core::load_stream<T, CPT>(x + s * p.channels));
+#pragma unroll
+          for (int e = 0; e < CPT; ++e) {
+            const float d = v.v[e] - shift[e];
+            s1[e] += d;
+            s2[e] = fmaf(d, d, s2[e]);
+          }
         }
       }
-      sums[0][warp][lane] = s1;
-      sums[1][warp][lane] = s2;
-      __syncthreads();
-      if (warp == 0 && c < p.channels) {
-        s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) s1 += sums[0][w][lane], s2 += sums[1][w][lane];
+      for (int e = 0; e < CPT; ++e) sums[0][warp][lane * CPT + e] = s1[e], sums[1][warp][lane * CPT + e] = s2[e];
+      __syncthreads();
+      if (warp == 0 && active) {
         const float n_f = static_cast<float>(count);
-        partials[(n * p.channels + c) * segments + k] = {shift + s1 / n_f, fmaxf(s2 - s1 * (s1 / n_f), 0.0f)};
+#pragma unroll
+        for (int e = 0; e < CPT; ++e) {
+          float t1 = 0.0f, t2 = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) t1 += sums[0][w][lane * CPT + e], t2 += sums[1][w][lane * CPT + e];
+          partials[(n * p.channels + c + e) * segments + k] = {shift[e] + t1 / n_f, fmaxf(t2 - t1 * (t1 / n_f), 0.0f)};
+        }
       }
       __syncthreads();  // sums is written again by the next segment
     }
@@ -205,11 +217,18 @@ cudaError_t launch_typed(const GroupNormParams& p, float* workspace, cudaStream_
   // (every pointer from torch's allocator or a checked view: 16-byte alignment is checked)
   const bool aligned = host_util::aligned16(p.x) && host_util::aligned16(p.out);
   if (p.channels_last) {
+    // Two 16-bit channels per thread (one 4-byte load) where channels and x allow it.
+    constexpr int kPair = 4 / static_cast<int>(sizeof(T));
+    const bool pairs = p.channels % kPair == 0 && reinterpret_cast<uintptr_t>(p.x) % 4 == 0;
     constexpr int64_t kMaxGridYZ = 65535;
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.channels, kColChannels)),
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.channels, 32 * (pairs ? kPair : 1))),
                     static_cast<unsigned>(std::min(segments, kMaxGridYZ)),
                     static_cast<unsigned>(std::min(p.batch, kMaxGridYZ)));
-    stats_cols_kernel<T><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+    if (pairs) {
+      stats_cols_kernel<T, kPair><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+    } else {
+      stats_cols_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+    }
   } else {
     const unsigned blocks = static_cast<unsigned>(ceil_div(p.batch * p.channels * segments, kWarps));
     if (aligned && p.spatial % kVec == 0) {

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from ltx_kernels.bench import adaln, elementwise, harness, norm, rope
+from ltx_kernels.bench import adaln, elementwise, group_norm, harness, norm, rope
 
 # (label, rows, hidden): LTX-2B at 49 and 161 frames with CFG, an 8B-class LLM prefill,
 # and latency-bound small batches (decode, a single image).
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         ltx_shapes = [s for s in shapes if s[0].startswith("ltx")]
         llm_shapes = [s for s in shapes if s[0].startswith("llm")]
         cases = (norm.cases(shapes) + adaln.cases(ltx_shapes) + elementwise.cases(ltx_shapes, llm_shapes)
-                 + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes))
+                 + rope.ltx_cases(ltx_shapes) + rope.llm_cases(llm_shapes)
+                 + [c for c in group_norm.cases() if not args.shapes or any(c.shape.startswith(p) for p in args.shapes)])
     if args.ops:
         cases = [c for c in cases if c.op in args.ops]
     if args.held_out and args.shapes:
