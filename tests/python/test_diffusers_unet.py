@@ -244,3 +244,31 @@ def test_features_compose_with_inject(feature, order):
     assert rel_err(model(**sd15_kwargs())[0], expected) < 1e-5
     assert lkd.remove(model) > 0
     assert torch.equal(model(**sd15_kwargs())[0], expected)
+
+
+def test_fp16_is_as_close_to_fp32_as_stock_fp16():
+    """An fp16 model (T4-class GPUs have no bf16; SD 1.5 is often run so): no further from the
+    fp32 model than stock fp16 (fp16 convolutions run on the CPU in this torch)."""
+    reference = tiny_sd15()
+    stock16 = copy.deepcopy(reference).half()
+    ours16 = copy.deepcopy(stock16)
+    inject_quietly(ours16)
+    with torch.no_grad():
+        ref = reference(**sd15_kwargs())[0]
+        err_stock = rel_err(stock16(**sd15_kwargs(torch.float16))[0], ref)
+        err_ours = rel_err(ours16(**sd15_kwargs(torch.float16))[0], ref)
+    assert err_ours <= 1.1 * err_stock, (err_ours, err_stock)
+
+
+def test_inject_on_meta_then_load_weights_runs_as_on_a_real_model():
+    """inject() on a UNet built on the meta device (init_empty_weights, as from_pretrained
+    does), weights loaded afterwards: the same output as a real model injected, bit for bit."""
+    real = tiny_sdxl()
+    with torch.device("meta"):
+        empty = UNet2DConditionModel(**real.config)
+    assert inject_quietly(empty).patched
+    empty = empty.to_empty(device="cpu")
+    empty.load_state_dict(real.state_dict())
+    inject_quietly(real)
+    with torch.no_grad():
+        assert torch.equal(empty(**sdxl_kwargs())[0], real(**sdxl_kwargs())[0])
