@@ -18,7 +18,8 @@ from ltx_kernels.integrations.diffusers import FAMILIES, family_of, flux, model_
 from test_diffusers_flux import tiny_flux  # noqa: E402
 
 NAMES = [["LTXVideoTransformer3DModel"], ["FluxTransformer2DModel"], ["SD3Transformer2DModel"],
-         ["WanTransformer3DModel"], ["PixArtTransformer2DModel", "DiTTransformer2DModel"], ["UNet2DConditionModel"]]
+         ["WanTransformer3DModel"], ["PixArtTransformer2DModel", "DiTTransformer2DModel"], ["UNet2DConditionModel"],
+         ["AutoencoderKL"]]
 
 
 def test_each_family_declares_its_classes():

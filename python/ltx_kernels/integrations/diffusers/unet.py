@@ -12,6 +12,9 @@
 - The model's ``conv_norm_out`` + ``conv_act`` (GroupNorm, SiLU): one ``group_norm(activation="silu")``.
 - The ``BasicTransformerBlock``s' ``torch.nn.LayerNorm``s: ``layer_norm``.
 
+:func:`patch_blocks` and :func:`patch_output` also serve the image VAE (:mod:`.vae`): ResNet
+blocks without a time embedding, an attention module's own GroupNorm.
+
 The GEGLU feed-forwards are patched by class (``gelu_and_mul``), as in any model; attention,
 convolutions and linears stay diffusers', called as modules, so hooks, LoRA and FP8 linears
 work on them. The norms' parameters are read at each call, after their hooks ran; a norm or
@@ -31,7 +34,8 @@ from ltx_kernels.integrations.family import Family
 
 RESNET_KIND = "ResnetBlock2D (group_norm + SiLU, time embedding + group_norm + SiLU)"
 TRANSFORMER_NORM_KIND = "Transformer2DModel input GroupNorm (group_norm)"
-OUTPUT_KIND = "UNet2DConditionModel conv_norm_out + conv_act (group_norm + SiLU)"
+ATTENTION_NORM_KIND = "Attention group_norm (group_norm)"
+OUTPUT_KIND = "conv_norm_out + conv_act (group_norm + SiLU)"
 LAYER_NORM_KIND = "BasicTransformerBlock LayerNorm (layer_norm)"
 
 
@@ -59,8 +63,10 @@ def _norm_act(norm: nn.GroupNorm, act: nn.Module, x: torch.Tensor, add: torch.Te
 
 
 def _resnet_forward(self: nn.Module, input_tensor: torch.Tensor, temb: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """``ResnetBlock2D.forward`` for time_embedding_norm "default" with a SiLU, both norms fused
-    (the deprecated ``scale`` argument is ignored, as stock ignores it)."""
+    """``ResnetBlock2D.forward`` for time_embedding_norm "default" (or, without a time-embedding
+    projection, any but "scale_shift": stock's norm2 then takes no embedding) with a SiLU, both norms fused
+    (the deprecated ``scale`` argument is ignored, as stock ignores it); a block without a
+    time-embedding projection (a VAE's) fuses norm2 + SiLU alone."""
     hidden_states = _norm_act(self.norm1, self.nonlinearity, input_tensor)
     if self.upsample is not None:
         if hidden_states.shape[0] >= 64:  # as stock: upsample_nearest_nhwc fails on large batches
@@ -72,10 +78,15 @@ def _resnet_forward(self: nn.Module, input_tensor: torch.Tensor, temb: torch.Ten
         input_tensor = self.downsample(input_tensor)
         hidden_states = self.downsample(hidden_states)
     hidden_states = self.conv1(hidden_states)
-    if not self.skip_time_act:
-        temb = self.nonlinearity(temb)
-    # [N, C]: added per (sample, channel) inside norm2's pass instead of as a [N, C, 1, 1] broadcast
-    hidden_states = _norm_act(self.norm2, self.nonlinearity, hidden_states, self.time_emb_proj(temb))
+    add = None
+    if self.time_emb_proj is not None:
+        if not self.skip_time_act:
+            temb = self.nonlinearity(temb)
+        # [N, C]: added per (sample, channel) inside norm2's pass instead of as a [N, C, 1, 1] broadcast
+        add = self.time_emb_proj(temb)
+    elif temb is not None and self.time_embedding_norm == "default":
+        hidden_states = hidden_states + temb  # (no projection: stock adds temb as given)
+    hidden_states = _norm_act(self.norm2, self.nonlinearity, hidden_states, add)
     hidden_states = self.conv2(self.dropout(hidden_states))
     if self.conv_shortcut is not None:
         if self.training:  # as stock: DDP's gradient strides
@@ -85,14 +96,14 @@ def _resnet_forward(self: nn.Module, input_tensor: torch.Tensor, temb: torch.Ten
 
 
 def _resnet_problem(block: nn.Module) -> str | None:
-    if block.time_embedding_norm != "default":
+    # (another value without a time-embedding projection, e.g. a VAE decoder's "group", norms
+    # without the embedding, as "default" without one does)
+    if block.time_embedding_norm != "default" and block.time_emb_proj is not None:
         return f"time_embedding_norm is {block.time_embedding_norm!r} (fused: 'default')"
     if type(block.nonlinearity) is not nn.SiLU:
         return f"its nonlinearity is {type(block.nonlinearity).__name__} (fused: SiLU)"
     if not (type(block.norm1) is nn.GroupNorm and type(block.norm2) is nn.GroupNorm):
         return "norm1 / norm2 are not torch GroupNorms"
-    if block.time_emb_proj is None:
-        return "it has no time-embedding projection (temb_channels=None)"
     return None
 
 
@@ -101,26 +112,26 @@ def _group_norm_forward(self: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
     return _group_norm(self, x)
 
 
-# The model's conv_norm_out and conv_act are two modules that the stock model forward calls one
-# after the other: conv_norm_out's forward computes the SiLU too and conv_act's passes its input
-# through, when both decide so alike. Each holds the model (in a tuple: not a submodule) to see
-# the pair as the model forward will call it.
+# The conv_norm_out and conv_act of a UNet (or of a VAE's encoder and decoder) are two modules
+# that their owner's forward calls one after the other: conv_norm_out's forward computes the
+# SiLU too and conv_act's passes its input through, when both decide so alike. Each holds the
+# owner (in a tuple: not a submodule) to see the pair as the owner's forward will call it.
 
-def _output_fused(unet: nn.Module) -> bool:
+def _output_fused(owner: nn.Module) -> bool:
     """Whether conv_norm_out computes conv_act's SiLU: both are still the modules we patched
     and neither has a hook, which must see its module's own input and output."""
-    norm, act = unet.conv_norm_out, unet.conv_act
+    norm, act = owner.conv_norm_out, owner.conv_act
     return is_patched(norm) and is_patched(act) and runs_unhooked(norm) and runs_unhooked(act)
 
 
 def _norm_out_forward(self: nn.GroupNorm, sample: torch.Tensor) -> torch.Tensor:
-    (unet,) = self._ltx_kernels_unet
-    return _group_norm(self, sample, act=unet.conv_act if _output_fused(unet) else None)
+    (owner,) = self._ltx_kernels_owner
+    return _group_norm(self, sample, act=owner.conv_act if _output_fused(owner) else None)
 
 
 def _act_out_forward(self: nn.Module, sample: torch.Tensor) -> torch.Tensor:
-    (unet,) = self._ltx_kernels_unet
-    return sample if _output_fused(unet) else type(self).forward(self, sample)
+    (owner,) = self._ltx_kernels_owner
+    return sample if _output_fused(owner) else type(self).forward(self, sample)
 
 
 def _model_classes() -> tuple[type, ...]:
@@ -129,15 +140,14 @@ def _model_classes() -> tuple[type, ...]:
     return (UNet2DConditionModel,)
 
 
-def patch_model(model: nn.Module, report, options) -> None:
-    """Patches ``model``'s ResNet blocks, its transformers' input norms and LayerNorms, and its
-    output norm + activation."""
+def patch_blocks(model: nn.Module, report) -> None:
+    """Patches the ResNet blocks, the transformers' input norms and LayerNorms, and the
+    attention modules' own GroupNorms (a VAE's mid-block attention) inside ``model``."""
     from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.attention_processor import Attention
     from diffusers.models.resnet import ResnetBlock2D
     from diffusers.models.transformers.transformer_2d import Transformer2DModel
 
-    if any(is_patched(m) for m in model.modules()):
-        return  # a second inject patches nothing new
     for name, module in model.named_modules():
         if type(module) is ResnetBlock2D:
             why = _resnet_problem(module)
@@ -149,20 +159,38 @@ def patch_model(model: nn.Module, report, options) -> None:
         elif isinstance(module, Transformer2DModel) and type(getattr(module, "norm", None)) is nn.GroupNorm:
             patch(module.norm, _group_norm_forward)
             report.patched[TRANSFORMER_NORM_KIND] += 1
+        elif isinstance(module, Attention) and type(getattr(module, "group_norm", None)) is nn.GroupNorm:
+            # (its processor calls it on a [B, C, H*W] transposed view: channels last for the op)
+            patch(module.group_norm, _group_norm_forward)
+            report.patched[ATTENTION_NORM_KIND] += 1
         elif type(module) is BasicTransformerBlock:
             for norm in (module.norm1, module.norm2, module.norm3):  # norm2 / norm3 may be None
                 if type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1:
                     patch(norm, layer_norm_forward)
                     report.patched[LAYER_NORM_KIND] += 1
-    if model.conv_norm_out is None:  # norm_num_groups=None: no output norm
+
+
+def patch_output(owner: nn.Module, report) -> None:
+    """Patches ``owner``'s conv_norm_out + conv_act pair (a UNet's, a VAE encoder's or
+    decoder's) into one group_norm + SiLU, where they are a GroupNorm and a SiLU."""
+    if owner.conv_norm_out is None:  # norm_num_groups=None: no output norm
         return
-    if type(model.conv_norm_out) is nn.GroupNorm and type(model.conv_act) is nn.SiLU:
-        patch(model.conv_norm_out, _norm_out_forward, _ltx_kernels_unet=(model,))
-        patch(model.conv_act, _act_out_forward, _ltx_kernels_unet=(model,))
+    if type(owner.conv_norm_out) is nn.GroupNorm and type(owner.conv_act) is nn.SiLU:
+        patch(owner.conv_norm_out, _norm_out_forward, _ltx_kernels_owner=(owner,))
+        patch(owner.conv_act, _act_out_forward, _ltx_kernels_owner=(owner,))
         report.patched[OUTPUT_KIND] += 1
     else:
-        report.skipped.append(f"{type(model).__name__}.conv_norm_out + conv_act stay stock: conv_act is "
-                              f"{type(model.conv_act).__name__} (fused: SiLU)")
+        report.skipped.append(f"{type(owner).__name__}.conv_norm_out + conv_act stay stock: they are "
+                              f"{type(owner.conv_norm_out).__name__} + {type(owner.conv_act).__name__} "
+                              "(fused: GroupNorm + SiLU)")
+
+
+def patch_model(model: nn.Module, report, options) -> None:
+    """Patches ``model``'s blocks (:func:`patch_blocks`) and its output norm + activation."""
+    if any(is_patched(m) for m in model.modules()):
+        return  # a second inject patches nothing new
+    patch_blocks(model, report)
+    patch_output(model, report)
 
 
 FAMILY = Family("Stable Diffusion UNet", _model_classes, patch_model)
