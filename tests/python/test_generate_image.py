@@ -1,5 +1,5 @@
-"""examples/generate_image.py runs offline (--random-weights, tiny configs on the CPU) for FLUX
-and PixArt, with and without the kernels, FP8 and compile."""
+"""examples/generate_image.py runs offline (--random-weights, tiny configs on the CPU) for FLUX,
+SD3, SDXL and PixArt, with and without the kernels, FP8 and compile."""
 
 import importlib.util
 from pathlib import Path
@@ -24,7 +24,8 @@ def run(tmp_path, family, *flags):
                                str(tmp_path / "image.png"), *flags])
 
 
-@pytest.mark.parametrize("family, shape", [("flux", (1, 16, 16)), ("pixart", (1, 4, 8, 8))])
+@pytest.mark.parametrize("family, shape", [("flux", (1, 16, 16)), ("sd3", (1, 4, 8, 8)), ("sdxl", (1, 4, 8, 8)),
+                                           ("pixart", (1, 4, 8, 8))])
 def test_kernels_give_the_stock_latents(tmp_path, family, shape):
     ours = run(tmp_path, family)
     latents = torch.load(tmp_path / "image.pt")
@@ -35,8 +36,9 @@ def test_kernels_give_the_stock_latents(tmp_path, family, shape):
     assert ((latents - reference).norm() / reference.norm()).item() < 1e-4
 
 
-def test_fp8_and_compile_run(tmp_path):
-    summary = run(tmp_path, "pixart", "--precision", "fp8", "--compile")
+@pytest.mark.parametrize("family", ["pixart", "sdxl"])
+def test_fp8_and_compile_run(tmp_path, family):
+    summary = run(tmp_path, family, "--precision", "fp8", "--compile")
     assert any("fp8" in kind for kind in summary["kernels"]), summary["kernels"]
     assert torch.isfinite(torch.load(tmp_path / "image.pt")).all()
 
