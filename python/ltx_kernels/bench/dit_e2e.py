@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return harness.no_cuda("the image DiT end-to-end benchmark")
-    cls, _, default_size, text = CONFIGS[args.config]
+    cls, config, default_size, text = CONFIGS[args.config]
     size = args.size or default_size
     meta = dict(harness.device_meta(None), config=args.config, size=size)
     modes = available_modes(args.modes)
@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return random_transformer(args.config, torch.bfloat16, "cuda")
 
     stock = fresh() if any(m not in QUANTIZED for m in modes) else None
-    rows = run(stock, fresh, lambda model: step_inputs(model, args.config, size, "cuda"), modes, args.reps)
+    # image tokens: the latent (8 pixels each) in patches (the latents are [B, C, H, W]: not
+    # the token count run() reads from FLUX's packed hidden_states)
+    tokens = (size // 8 // config["patch_size"]) ** 2
+    rows = run(stock, fresh, lambda model: step_inputs(model, args.config, size, "cuda"), modes, args.reps, tokens)
     title = (f"{cls} ({args.config}), random weights, bf16, CFG batch 2, {size}x{size}"
              + (f", {text} text tokens" if text else ", class-conditional"))
     harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)
