@@ -33,8 +33,16 @@ from ._patching import call_fused, is_patched, patch, runs_unhooked
 # the cross-attention's output projection matters next (1.17e-2 / 1.54e-2 in bf16), but it is a
 # full-size GEMM (~2 ms a step at 161 frames): it stays FP8; each attn1 or feed-forward kind
 # moved the error by 1% or less (benchmarks/results/h100/fidelity_fp8_skip.md).
+#
+# A UNet's timestep and added-condition embeddings and each ResNet block's time-embedding
+# projection take one row per sample (2 with CFG): in FP8 they would only add rounding and a
+# quantize launch. The image VAE's only linears (its encoder's and decoder's mid-block
+# attention) are a sliver of a decode, which its convolutions take, and nothing after them
+# averages their error out of the pixels.
 DEFAULT_FP8_SKIP = ("proj_in", "proj_out*", "time_embed.*", "caption_projection.*", "condition_embedder.*", "*adaln*",
-                    "norm_out.*", "*.attn2.to_k", "*.attn2.to_v", "*.attn2.add_k_proj", "*.attn2.add_v_proj")
+                    "norm_out.*", "*.attn2.to_k", "*.attn2.to_v", "*.attn2.add_k_proj", "*.attn2.add_v_proj",
+                    "time_embedding.*", "add_embedding.*", "*.time_emb_proj", "encoder.mid_block.*",
+                    "decoder.mid_block.*")
 MARKER = "_ltx_kernels_fp8"
 KIND = "nn.Linear (fp8_linear, e4m3 weights and per-token activations)"
 FF_KIND = "FeedForward GELU-tanh (fp8 up, GELU fused into the down projection's quantize_fp8)"

@@ -272,3 +272,22 @@ def test_inject_on_meta_then_load_weights_runs_as_on_a_real_model():
     inject_quietly(real)
     with torch.no_grad():
         assert torch.equal(empty(**sdxl_kwargs())[0], real(**sdxl_kwargs())[0])
+
+
+def test_fp8_quantizes_the_transformer_linears_not_the_time_embeddings():
+    """precision="fp8" (emulated on the CPU): the transformers' linears in FP8, the per-sample
+    time and added-condition embeddings and the ResNet blocks' time-embedding projections (one
+    row per sample) in the model's dtype (_fp8.DEFAULT_FP8_SKIP); the output within the
+    format's error."""
+    from ltx_kernels._fp8 import is_quantized
+    from test_diffusers_flux import assert_fp8_within_format_error
+
+    stock = tiny_sdxl()
+    assert_fp8_within_format_error(stock, sdxl_kwargs())
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    quantized = {name for name, m in model.named_modules() if is_quantized(m)}
+    assert "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q" in quantized
+    assert "down_blocks.1.attentions.0.proj_in" in quantized  # (a full-size GEMM: every token)
+    assert not any(part in name for name in quantized
+                   for part in ("time_embedding.", "add_embedding.", "time_emb_proj")), sorted(quantized)

@@ -132,3 +132,17 @@ def test_remove_restores_stock_and_training_matches_stock():
         assert torch.equal(roundtrip(model, image()), roundtrip(stock, image()))
 
     assert_trains_like_stock(stock, dict(sample=image()))
+
+
+def test_fp8_leaves_the_vae_in_its_dtype():
+    """precision="fp8" patches the VAE's norms but quantizes none of its linears (its mid-block
+    attention's: _fp8.DEFAULT_FP8_SKIP), so its output is the bf16 patch's."""
+    from ltx_kernels._fp8 import is_quantized
+
+    stock = tiny_vae()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model, precision="fp8")
+    assert dict(report.patched) == PATCHED, report
+    assert not any(is_quantized(m) for m in model.modules())
+    with torch.no_grad():
+        assert rel_err(roundtrip(model, image()), roundtrip(stock, image())) < 1e-5
