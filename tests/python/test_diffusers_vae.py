@@ -146,3 +146,29 @@ def test_fp8_leaves_the_vae_in_its_dtype():
     assert not any(is_quantized(m) for m in model.modules())
     with torch.no_grad():
         assert rel_err(roundtrip(model, image()), roundtrip(stock, image())) < 1e-5
+
+
+def test_sdxl_pipeline_with_its_vae_gives_the_stock_image():
+    """inject(pipe) on an SDXL pipeline (tiny UNet and VAE, synthetic text embeddings): both
+    models are patched, and the decoded image is stock's."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+    from test_diffusers_unet import tiny_sdxl
+
+    def pipeline():
+        return StableDiffusionXLPipeline(vae=tiny_vae(), text_encoder=None, text_encoder_2=None, tokenizer=None,
+                                         tokenizer_2=None, unet=tiny_sdxl(), scheduler=EulerDiscreteScheduler())
+
+    g = torch.Generator().manual_seed(5)
+    text = dict(prompt_embeds=torch.randn(1, 7, 32, generator=g), negative_prompt_embeds=torch.randn(1, 7, 32, generator=g),
+                pooled_prompt_embeds=torch.randn(1, 16, generator=g),
+                negative_pooled_prompt_embeds=torch.randn(1, 16, generator=g))
+    images = []
+    for kernels in (False, True):
+        pipe = pipeline()
+        if kernels:
+            report = inject_quietly(pipe)
+            assert report.patched[unet.RESNET_KIND] == 8 + 10 and report.patched[unet.OUTPUT_KIND] == 1 + 2, report
+        images.append(pipe(**text, height=16, width=16, num_inference_steps=2, output_type="pt",
+                           generator=torch.Generator().manual_seed(0)).images)
+    assert images[0].shape == (1, 3, 16, 16)
+    assert rel_err(images[1], images[0]) < 1e-4
