@@ -207,6 +207,10 @@ def test_opcheck():
     torch.library.opcheck(ops.group_norm.default, (x, 3, w, b, 1e-5, add, True))
     xl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
     torch.library.opcheck(ops.group_norm.default, (xl, 3, w, b, 1e-5, None, False))
+    # The backward op itself, channels last too: its Meta strides are the real ones.
+    for xb in (x.detach(), xl.detach()):
+        torch.library.opcheck(ops.group_norm_backward.default,
+                              (torch.randn(2, 6, 5, 4), xb, 3, w.detach(), b.detach(), 1e-5, add.detach(), True))
 
 
 def test_compile_fullgraph():
