@@ -180,9 +180,7 @@ Grads4 attention_backward_meta(const at::Tensor& grad_out, const at::Tensor& q, 
                                const at::Tensor& v, const OptTensor& attn_mask, std::optional<double> scale,
                                c10::string_view precision) {
   const bool mask_grad = !check_backward(grad_out, q, k, v, attn_mask, precision).empty();
-  return {at::empty_like(q, at::MemoryFormat::Contiguous), at::empty_like(k, at::MemoryFormat::Contiguous),
-          at::empty_like(v, at::MemoryFormat::Contiguous),
-          mask_grad ? at::empty_like(*attn_mask, at::MemoryFormat::Contiguous) : none_grad(attn_mask ? *attn_mask : q)};
+  return {meta_grad(q), meta_grad(k), meta_grad(v), mask_grad ? meta_grad(*attn_mask) : none_grad(attn_mask ? *attn_mask : q)};
 }
 
 // attention's backward, for both precisions: the gradient of exact attention at q, k, v and

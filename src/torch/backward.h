@@ -19,16 +19,23 @@ inline at::Tensor f32(const at::Tensor& t) { return t.to(at::kFloat); }
 // The gradient of an absent optional argument (autograd.cpp drops it).
 inline at::Tensor none_grad(const at::Tensor& x) { return at::empty({0}, x.options()); }
 
+// A Meta gradient of argument t: t's shape and dtype, contiguous, as every backward op returns
+// its gradients (not empty_like, which keeps a permuted t's strides: torch.compile trusts the
+// Meta strides for the real tensors).
+inline at::Tensor meta_grad(const at::Tensor& t) { return at::empty_symint(t.sym_sizes(), t.options()); }
+
 // g summed over the dims that `like` broadcasts over (a [D] weight, a [B, 1, D] scale or
 // gate), in like's dtype. The sum accumulates and returns fp32 whatever g's dtype, so that a
-// 16-bit g needs no fp32 copy first.
+// 16-bit g needs no fp32 copy first. Always a fresh contiguous tensor (meta_grad's layout):
+// where nothing is summed (a per-token shift), g copied, not g itself or a view of it.
 inline at::Tensor reduce_like(const at::Tensor& g, const at::Tensor& like) {
   const int64_t lead = g.dim() - like.dim();
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < g.dim(); ++d) {
     if (d < lead || (like.sym_size(d - lead) == 1 && g.sym_size(d) != 1)) dims.push_back(d);
   }
-  const at::Tensor sum = dims.empty() ? g.to(at::kFloat) : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
+  const at::Tensor sum = dims.empty() ? g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous)
+                                      : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
   return sum.view_symint(like.sym_sizes()).to(like.scalar_type());
 }
 

@@ -253,7 +253,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_en
     const at::Tensor& /*loss*/, const at::Tensor& /*lse*/) {
   parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index, /*check_values=*/false);
-  return {at::empty_like(x), at::empty_like(weight), none_grad(target), bias ? at::empty_like(*bias) : none_grad(x)};
+  return {meta_grad(x), meta_grad(weight), none_grad(target), bias ? meta_grad(*bias) : none_grad(x)};
 }
 
 }  // namespace

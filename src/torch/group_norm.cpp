@@ -148,11 +148,8 @@ Grads4 group_norm_backward_meta(const at::Tensor& grad_out, const at::Tensor& x,
                                 const OptTensor& weight, const OptTensor& bias, double eps, const OptTensor& add,
                                 bool silu) {
   check_backward(grad_out, x, num_groups, weight, bias, eps, add);
-  const auto like = [&](const OptTensor& t) {
-    return t ? at::empty_symint(t->sym_sizes(), t->options()) : none_grad(x);
-  };
-  // (contiguous whatever x's layout, as the composite returns them: compile trusts these strides)
-  return {at::empty_symint(x.sym_sizes(), x.options()), like(weight), like(bias), like(add)};
+  const auto like = [&](const OptTensor& t) { return t ? meta_grad(*t) : none_grad(x); };
+  return {meta_grad(x), like(weight), like(bias), like(add)};
 }
 
 // group_norm's backward: a composite of ATen ops in fp32 on any device. The statistics and

@@ -244,8 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_rms_norm_backwa
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
     const OptTensor& weight, double eps) {
   check_adaln_rms_norm_backward(grad_out, x, scale, shift, weight, eps);
-  return {at::empty_like(x), at::empty_like(scale), at::empty_like(shift),
-          weight ? at::empty_like(*weight) : none_grad(x)};
+  return {meta_grad(x), meta_grad(scale), meta_grad(shift), weight ? meta_grad(*weight) : none_grad(x)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -254,8 +253,8 @@ gated_residual_adaln_rms_norm_backward_meta(const at::Tensor& grad_x_new, const 
                                             const at::Tensor& scale, const at::Tensor& shift,
                                             const OptTensor& weight, double eps) {
   check_gated_residual_adaln_rms_norm_backward(grad_x_new, grad_normed, x, y, gate, scale, shift, weight, eps);
-  return {at::empty_like(x), at::empty_like(y), gate ? at::empty_like(*gate) : none_grad(x), at::empty_like(scale),
-          at::empty_like(shift), weight ? at::empty_like(*weight) : none_grad(x)};
+  return {meta_grad(x), meta_grad(y), gate ? meta_grad(*gate) : none_grad(x), meta_grad(scale), meta_grad(shift),
+          weight ? meta_grad(*weight) : none_grad(x)};
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA

@@ -4,7 +4,7 @@ them directly would, with hypothesis (derandomized: the same cases on every run)
 Valid calls (odd sizes, zero rows, every dtype, strided, non-collapsible and row-broadcast
 layouts of every tensor argument; the backward ops with gradients as autograd passes them)
 must match the plain-torch formula in fp64, on the CPU and
-(when there is one) the GPU, and the Meta implementation must give the same shapes and dtypes. Invalid calls (one tensor argument
+(when there is one) the GPU, and the Meta implementation must give the same shapes, dtypes and strides. Invalid calls (one tensor argument
 broken: wrong dtype, wrong size, a strided or expanded last dim, a 0-dim tensor, another
 device) must raise TypeError or ValueError naming the argument, on the CPU, Meta and CUDA alike.
 A crash (segfault) fails the run. FUZZ_EXAMPLES sets the cases per op and kind (CI default;
@@ -536,9 +536,11 @@ def to_cpu(out):
 
 
 def shapes_of(out):
+    """Shape, dtype and strides (torch.compile lays out the real tensors as Meta says; a tensor
+    of one element or none has no layout to agree on)."""
     if isinstance(out, (tuple, list)):
         return [shapes_of(o) for o in out]
-    return (tuple(out.shape), out.dtype)
+    return (tuple(out.shape), out.dtype, out.stride() if out.numel() > 1 else None)
 
 
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
