@@ -24,6 +24,13 @@ inline at::Tensor none_grad(const at::Tensor& x) { return at::empty({0}, x.optio
 // Meta strides for the real tensors).
 inline at::Tensor meta_grad(const at::Tensor& t) { return at::empty_symint(t.sym_sizes(), t.options()); }
 
+// A fresh contiguous copy of g in dtype, for a gradient that would otherwise be grad_out itself
+// or another output (torch's own add hands one tensor to both inputs, but our schemas declare no
+// alias between an output and an input or another output).
+inline at::Tensor fresh_grad(const at::Tensor& g, at::ScalarType dtype) {
+  return g.to(dtype, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
+}
+
 // g summed over the dims that `like` broadcasts over (a [D] weight, a [B, 1, D] scale or
 // gate), in like's dtype. The sum accumulates and returns fp32 whatever g's dtype, so that a
 // 16-bit g needs no fp32 copy first. Always a fresh contiguous tensor (meta_grad's layout):
@@ -34,8 +41,7 @@ inline at::Tensor reduce_like(const at::Tensor& g, const at::Tensor& like) {
   for (int64_t d = 0; d < g.dim(); ++d) {
     if (d < lead || (like.sym_size(d - lead) == 1 && g.sym_size(d) != 1)) dims.push_back(d);
   }
-  const at::Tensor sum = dims.empty() ? g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous)
-                                      : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
+  const at::Tensor sum = dims.empty() ? fresh_grad(g, at::kFloat) : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
   return sum.view_symint(like.sym_sizes()).to(like.scalar_type());
 }
 

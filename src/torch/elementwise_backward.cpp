@@ -22,19 +22,14 @@ at::Tensor call_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor&
   return op.call(grad_out, h);
 }
 
-// A fresh contiguous copy of t in dtype: the gradients this op returns may not be grad_out
-// itself (torch's own add returns it to both inputs, but our schema declares no alias).
-at::Tensor fresh(const at::Tensor& t, at::ScalarType dtype) {
-  return t.to(dtype, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
-}
-
 // out = x + y * gate.
 Grads3 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
                                const OptTensor& gate) {
   check_gated_residual(x, y, gate);
   check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor g = f32(grad_out);
-  return {fresh(grad_out, x.scalar_type()), gate ? (g * f32(*gate)).to(y.scalar_type()) : fresh(grad_out, y.scalar_type()),
+  return {fresh_grad(grad_out, x.scalar_type()),
+          gate ? (g * f32(*gate)).to(y.scalar_type()) : fresh_grad(grad_out, y.scalar_type()),
           gate ? reduce_like(g * f32(y), *gate) : none_grad(x)};
 }
 

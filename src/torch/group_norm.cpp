@@ -192,7 +192,7 @@ Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int6
   const at::Tensor dx = ((dx_hat - dx_hat.mean(-1, true) - xg * (dx_hat * xg).mean(-1, true)) * rstd).view(x.sizes());
   std::vector<int64_t> positions;
   for (int64_t d = 2; d < x.dim(); ++d) positions.push_back(d);
-  const at::Tensor dadd = positions.empty() ? dx : dx.sum(positions);
+  const at::Tensor dadd = positions.empty() ? fresh_grad(dx, at::kFloat) : dx.sum(positions);  // (not dx itself)
   return {dx.to(x.scalar_type()), grad_of(weight, (dz * x_hat).sum(all_but_channels), x),
           grad_of(bias, dz.sum(all_but_channels), x), grad_of(add, dadd, x)};
 }

@@ -124,7 +124,7 @@ Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor&
   const at::Tensor h = (f32(x) + f32(residual)).to(x.scalar_type());
   const auto [dh, dw, db] = affine_norm_backward(f32(grad_out), h, weight, std::nullopt, false, eps, weight_offset);
   const at::Tensor d = dh + f32(grad_new_residual);
-  return {d.to(x.scalar_type()), d.to(residual.scalar_type()), dw};
+  return {d.to(x.scalar_type()), fresh_grad(d, residual.scalar_type()), dw};  // (not d twice)
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(

@@ -552,10 +552,10 @@ def test_valid_calls_match_the_formula(builder, data):
     out, ref = call.run(), formula()
     check_matches(out, ref, dtype, call)
     assert shapes_of(call.run("meta")) == shapes_of(out)
-    # No output is (a view of) an input: the schemas declare none as an alias.
+    # No output is (a view of) an input or of another output: the schemas declare no alias.
     inputs = {a.tensor.untyped_storage().data_ptr() for a in call.tensors() if a.tensor.numel()}
-    outputs = out if isinstance(out, tuple) else (out,)
-    assert not any(o.numel() and o.untyped_storage().data_ptr() in inputs for o in outputs)
+    outputs = [o.untyped_storage().data_ptr() for o in (out if isinstance(out, tuple) else (out,)) if o.numel()]
+    assert not inputs & set(outputs) and len(set(outputs)) == len(outputs)
     if HAS_CUDA and call.cuda_refuses:
         with pytest.raises((TypeError, ValueError), match=f"{call.op}: on CUDA"):
             call.run("cuda")
