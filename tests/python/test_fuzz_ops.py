@@ -560,7 +560,25 @@ def test_valid_calls_match_the_formula(builder, data):
         with pytest.raises((TypeError, ValueError), match=f"{call.op}: on CUDA"):
             call.run("cuda")
     elif HAS_CUDA:
-        check_matches(to_cpu(call.run("cuda")), ref, dtype, call, call.cuda_scale)
+        cuda_out = call.run("cuda")
+        assert shapes_of(cuda_out) == shapes_of(out)  # (the CUDA kernels' layouts: Meta's too)
+        check_matches(to_cpu(cuda_out), ref, dtype, call, call.cuda_scale)
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@settings(max_examples=6, derandomize=SEED is None, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@hypothesis.seed(int(SEED or 0))
+@given(data=st.data())
+def test_valid_calls_pass_opcheck(builder, data):
+    """torch.library.opcheck on drawn valid calls: the schema's alias and mutation claims hold
+    (test_schema) and the Meta implementation runs under FakeTensorMode with the real outputs'
+    metadata (test_faketensor). An op with float8 inputs skips test_schema: opcheck perturbs
+    the inputs with a multiply that float8 tensors do not have."""
+    _, call, _ = data.draw(valid_calls(builder))
+    args = tuple(a.tensor if isinstance(a, Arg) else a for a in call.args)
+    fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+    torch.library.opcheck(getattr(ops, call.op).default, args, call.kwargs,
+                          test_utils=("test_faketensor",) if fp8 else ("test_schema", "test_faketensor"))
 
 
 # Ways to break one tensor argument: each is invalid for every tensor argument of every op
