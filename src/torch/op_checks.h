@@ -36,4 +36,14 @@ void check_gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTen
 // linear_gelu_tanh's x, weight [N, K] and bias [N], all in x's dtype and on its device.
 void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
+// The RoPE family's arguments (rope.cpp), as each forward op checks them.
+void check_rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                     bool interleaved, int64_t unsqueeze_dim, at::OptionalIntArrayRef sections);
+void check_ltx_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void check_ltx_rope_angles_args(const at::Tensor& x, at::IntArrayRef grid, at::ArrayRef<double> axis_scale,
+                                const OptTensor& coords, double theta);
+void check_ltx_qk_norm_rope_args(const at::Tensor& q, const at::Tensor& k, const OptTensor& weight_q,
+                                 const OptTensor& weight_k, double eps, at::IntArrayRef grid,
+                                 at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta);
+
 }  // namespace ltx_kernels::torch_ext

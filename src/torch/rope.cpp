@@ -326,6 +326,30 @@ void register_impls(torch::Library& m) {
 
 }  // namespace
 
+// The forward ops' checks, for their backward ops (op_checks.h).
+void check_rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                     bool interleaved, int64_t unsqueeze_dim, at::OptionalIntArrayRef sections) {
+  check_apply_rotary(q, k, cos, sin, unsqueeze_dim);
+  rope_sections(sections, cos.sym_size(-1).guard_int(__FILE__, __LINE__), interleaved);
+}
+
+void check_ltx_rope_args(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_ltx_rope(x, cos, sin);
+}
+
+void check_ltx_rope_angles_args(const at::Tensor& x, at::IntArrayRef grid, at::ArrayRef<double> axis_scale,
+                                const OptTensor& coords, double theta) {
+  check_ltx_x(x, "x");
+  check_positions(x, "x", grid, axis_scale, coords, theta);
+}
+
+void check_ltx_qk_norm_rope_args(const at::Tensor& q, const at::Tensor& k, const OptTensor& weight_q,
+                                 const OptTensor& weight_k, double eps, at::IntArrayRef grid,
+                                 at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta) {
+  check_qk_norm_rope(q, k, weight_q, weight_k, eps);
+  check_positions(q, "q", grid, axis_scale, coords, theta);
+}
+
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) { register_impls(m); }
 
 #ifdef LTX_KERNELS_WITH_CUDA

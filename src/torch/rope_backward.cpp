@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "torch/backward.h"
+#include "torch/common.h"
+#include "torch/op_checks.h"
 #include "torch/registration.h"
 
 namespace ltx_kernels::torch_ext {
@@ -71,6 +73,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_rotary_pos_emb_
     const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& cos, const at::Tensor& sin, bool interleaved, int64_t unsqueeze_dim,
     at::OptionalIntArrayRef sections) {
+  check_rope_args(q, k, cos, sin, interleaved, unsqueeze_dim, sections);
+  check_grad(grad_q_out, "grad_q_out", q, q.scalar_type());
+  check_grad(grad_k_out, "grad_k_out", k, k.scalar_type());
   // Output gradients may come in any layout (autograd's zeros for an unused output are an
   // expanded scalar); the kernel reads rows with a contiguous last dim.
   const auto [gq, gk] = call_rope(grad_q_out.contiguous(), grad_k_out.contiguous(), cos,
@@ -91,6 +96,8 @@ at::Tensor call_ltx_rope(const at::Tensor& x, const at::Tensor& cos, const at::T
 
 Grads3 ltx_rope_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin) {
+  check_ltx_rope_args(x, cos, sin);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor g = grad_out.contiguous();
   const at::Tensor gx = call_ltx_rope(g, cos, swap_pairs(sin, true, std::nullopt).neg());
   const at::Tensor rotated = call_ltx_rope(x, at::zeros_like(cos), at::ones_like(sin));
@@ -151,6 +158,8 @@ at::Tensor coords_grad(const std::vector<std::pair<at::Tensor, at::Tensor>>& gra
 
 Grads2 ltx_rope_angles_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef grid,
                                 at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta) {
+  check_ltx_rope_angles_args(x, grid, axis_scale, coords, theta);
+  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor gx = rotate_back(grad_out, grid, axis_scale, coords, theta);
   if (!coords) return {gx, none_grad(x)};
   // The outputs in fp32: d out / d angle is read off them.
@@ -172,6 +181,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ltx_qk_no
     const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
     const OptTensor& weight_q, const OptTensor& weight_k, double eps, at::IntArrayRef grid,
     at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta) {
+  check_ltx_qk_norm_rope_args(q, k, weight_q, weight_k, eps, grid, axis_scale, coords, theta);
+  check_grad(grad_q_out, "grad_q_out", q, q.scalar_type());
+  check_grad(grad_k_out, "grad_k_out", k, k.scalar_type());
   const auto [gq, gwq] =
       call_rms_norm_backward(rotate_back(grad_q_out, grid, axis_scale, coords, theta), q, weight_q, eps);
   const auto [gk, gwk] =

@@ -292,7 +292,8 @@ def build_ltx_qk_norm_rope(draw, dtype):
     wk = Arg("weight_k", optional(draw, lambda: randn((d,), dtype)), copied=True)
     axis_scale = draw(st.sampled_from([(1.0, 1.0, 1.0), (0.016, 0.0156, 0.0156)]))
     cos, sin = ltx_tables_fp64(b, s, d, grid, axis_scale)
-    call = Call("ltx_qk_norm_rope", [q, k, wq, wk, 1e-6, list(grid), list(axis_scale), None, 10000.0])
+    call = Call("ltx_qk_norm_rope", [q, k, wq, wk, 1e-6, list(grid), list(axis_scale), Arg("video_coords", None),
+                                     10000.0])
     return call, lambda: tuple(ltx_rope_formula(rms_formula(t.tensor, w.tensor, 1e-6), cos, sin)
                                for t, w in ((q, wq), (k, wk)))
 
@@ -500,11 +501,14 @@ GRAD_NAMES = {
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
     "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"], "group_norm": ["grad_out"],
+    "apply_rotary_pos_emb": ["grad_q_out", "grad_k_out"], "ltx_rope": ["grad_out"],
+    "ltx_qk_norm_rope": ["grad_q_out", "grad_k_out"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
-                                 "linear_gelu_tanh", "attention", "group_norm"]}
+                                 "linear_gelu_tanh", "attention", "group_norm", "apply_rotary_pos_emb", "ltx_rope",
+                                 "ltx_qk_norm_rope"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 
 

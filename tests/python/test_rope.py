@@ -173,10 +173,13 @@ def ltx_tables_fp64(b, s, d, grid, axis_scale, coords=None, theta=10000.0, devic
 
 
 def ltx_rope_formula(x, cos, sin):
-    """x * cos + rotate(x) * sin, pairs interleaved after the D % 6 pass-through channels."""
+    """x * cos + rotate(x) * sin with every pair interleaved, as diffusers' LTX computes it; its
+    tables make the D % 6 leading channels pass through (cos 1, sin 0), which only a table's own
+    gradient tells apart from not rotating them (d / d sin there is grad * rotate(x)). An odd D
+    (the angle forms take one) leaves its first channel out of the pairs."""
     x = x.double().cpu()
-    pad = x.shape[-1] % 6
-    rotated = torch.cat((torch.zeros_like(x[..., :pad]), rotate_interleaved(x[..., pad:])), -1)
+    odd = x.shape[-1] % 2
+    rotated = torch.cat((torch.zeros_like(x[..., :odd]), rotate_interleaved(x[..., odd:])), -1)
     return x * cos + rotated * sin
 
 
