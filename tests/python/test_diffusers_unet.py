@@ -93,10 +93,9 @@ def test_matches_stock_and_reports_every_patch(name):
     assert not inject_quietly(model).patched  # a second inject patches nothing new
 
 
-def test_the_fused_ops_run(monkeypatch):
-    """The patched model reaches group_norm in its three forms (counted through the ops module
-    the integration calls): per ResNet block one with SiLU and one with the time embedding and
-    SiLU, one plain per transformer, one with SiLU at the output."""
+def group_norm_forms(monkeypatch, model, run) -> list:
+    """The (with an add, activation) form of every group_norm call that ``run()`` makes after
+    inject(model), sorted: counted through the ops module the integrations call."""
     from ltx_kernels import ops
 
     calls = []
@@ -107,11 +106,19 @@ def test_the_fused_ops_run(monkeypatch):
         return group_norm(*args, add=add, activation=activation, **kwargs)
 
     monkeypatch.setattr(ops, "group_norm", counted)
-    model = tiny_sd15()
     inject_quietly(model)
     with torch.no_grad():
-        model(**sd15_kwargs())
-    assert sorted(calls, key=str) == sorted([(False, "silu")] * 9 + [(True, "silu")] * 8 + [(False, None)] * 4, key=str)
+        run()
+    return sorted(calls, key=str)
+
+
+def test_the_fused_ops_run(monkeypatch):
+    """The patched model reaches group_norm in its three forms: per ResNet block one with SiLU
+    and one with the time embedding and SiLU, one plain per transformer, one with SiLU at the
+    output."""
+    model = tiny_sd15()
+    forms = group_norm_forms(monkeypatch, model, lambda: model(**sd15_kwargs()))
+    assert forms == sorted([(False, "silu")] * 9 + [(True, "silu")] * 8 + [(False, None)] * 4, key=str)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -17,6 +17,7 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from ltx_kernels.integrations.diffusers import unet  # noqa: E402
 from test_diffusers_flux import assert_trains_like_stock, inject_quietly  # noqa: E402
+from test_diffusers_unet import group_norm_forms  # noqa: E402
 
 # Encoder: 2 down blocks of 1 ResNet block, mid block 2; decoder: 2 up blocks of 2, mid 2.
 PATCHED = {unet.RESNET_KIND: 10, unet.ATTENTION_NORM_KIND: 2, unet.OUTPUT_KIND: 2}
@@ -57,22 +58,10 @@ def test_matches_stock_and_reports_every_patch():
 
 def test_the_fused_ops_run(monkeypatch):
     """Every ResNet norm and both output norms run group_norm with the SiLU, the attention
-    norms without (counted through the ops module the integration calls)."""
-    from ltx_kernels import ops
-
-    calls = []
-    group_norm = ops.group_norm
-
-    def counted(*args, add=None, activation=None, **kwargs):
-        calls.append((add is not None, activation))
-        return group_norm(*args, add=add, activation=activation, **kwargs)
-
-    monkeypatch.setattr(ops, "group_norm", counted)
+    norms without."""
     model = tiny_vae()
-    inject_quietly(model)
-    with torch.no_grad():
-        roundtrip(model, image())
-    assert sorted(calls, key=str) == sorted([(False, "silu")] * 22 + [(False, None)] * 2, key=str)
+    forms = group_norm_forms(monkeypatch, model, lambda: roundtrip(model, image()))
+    assert forms == sorted([(False, "silu")] * 22 + [(False, None)] * 2, key=str)
 
 
 def test_bf16_is_as_close_to_fp32_as_stock_bf16():
