@@ -24,6 +24,15 @@ inline at::Tensor none_grad(const at::Tensor& x) { return at::empty({0}, x.optio
 // Meta strides for the real tensors).
 inline at::Tensor meta_grad(const at::Tensor& t) { return at::empty_symint(t.sym_sizes(), t.options()); }
 
+// g in dtype, contiguous as meta_grad lays it out (a composite's result can follow a permuted
+// input's strides); a copy only where g is not that already.
+inline at::Tensor grad_as(const at::Tensor& g, at::ScalarType dtype) {
+  // (not g.to(dtype, ..., Contiguous) alone: for the same dtype it returns a permuted g as it
+  // is, judging it by suggest_memory_format)
+  if (g.scalar_type() == dtype) return g.contiguous();
+  return g.to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+}
+
 // A fresh contiguous copy of g in dtype, for a gradient that would otherwise be grad_out itself
 // or another output (torch's own add hands one tensor to both inputs, but our schemas declare no
 // alias between an output and an input or another output).
@@ -42,7 +51,7 @@ inline at::Tensor reduce_like(const at::Tensor& g, const at::Tensor& like) {
     if (d < lead || (like.sym_size(d - lead) == 1 && g.sym_size(d) != 1)) dims.push_back(d);
   }
   const at::Tensor sum = dims.empty() ? fresh_grad(g, at::kFloat) : at::sum(g, dims, /*keepdim=*/true, at::kFloat);
-  return sum.view_symint(like.sym_sizes()).to(like.scalar_type());
+  return grad_as(sum.view_symint(like.sym_sizes()), like.scalar_type());
 }
 
 }  // namespace ltx_kernels::torch_ext

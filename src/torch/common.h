@@ -89,6 +89,10 @@ void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& 
 // not collapse into one stride.
 RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& keep);
 
+// The gelu_tanh op on x's device (elementwise.cpp; our kernel or the C++ reference, accurate in
+// the negative tail): for an op that ends in it, e.g. linear_gelu_tanh on the CPU.
+at::Tensor gelu_tanh(const at::Tensor& x);
+
 #ifdef LTX_KERNELS_WITH_CUDA
 // Raises a ValueError naming the op, the GPU and what it lacks when x's device has a compute
 // capability below `minimum` (e.g. 89 for FP8, 80 for mma.sync tensor-core kernels).

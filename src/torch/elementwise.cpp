@@ -66,12 +66,16 @@ void run_into(const char* op_name, ElementwiseOp op, const at::Tensor& a, const 
   run(p, a, op_name);
 }
 
+}  // namespace
+
 at::Tensor gelu_tanh(const at::Tensor& x) {
   check_activation(x, "x");
   at::Tensor out = at::empty(x.sizes(), x.options());
   run_into("gelu_tanh", ElementwiseOp::kGeluTanh, x, nullptr, out);
   return out;
 }
+
+namespace {
 
 at::Tensor and_mul(const char* name, ElementwiseOp op, const at::Tensor& a, const at::Tensor& b) {
   check_activation(a, "a");

@@ -141,7 +141,7 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& x, int64_t num
 
 // The gradient of an optional argument: t's dtype and shape, or none_grad when absent.
 at::Tensor grad_of(const OptTensor& t, const at::Tensor& g, const at::Tensor& x) {
-  return t ? g.to(t->scalar_type()) : none_grad(x);
+  return t ? grad_as(g, t->scalar_type()) : none_grad(x);
 }
 
 Grads4 group_norm_backward_meta(const at::Tensor& grad_out, const at::Tensor& x, int64_t num_groups,
@@ -193,7 +193,7 @@ Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int6
   std::vector<int64_t> positions;
   for (int64_t d = 2; d < x.dim(); ++d) positions.push_back(d);
   const at::Tensor dadd = positions.empty() ? fresh_grad(dx, at::kFloat) : dx.sum(positions);  // (not dx itself)
-  return {dx.to(x.scalar_type()), grad_of(weight, (dz * x_hat).sum(all_but_channels), x),
+  return {grad_as(dx, x.scalar_type()), grad_of(weight, (dz * x_hat).sum(all_but_channels), x),
           grad_of(bias, dz.sum(all_but_channels), x), grad_of(add, dadd, x)};
 }
 

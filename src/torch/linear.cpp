@@ -1,12 +1,14 @@
 // linear_gelu_tanh: gelu_tanh(x @ weight.T + bias), the first half of a GELU-tanh
 // feed-forward (diffusers' GELU(approximate="tanh") module, LTX-Video's FF).
 //
-// On CUDA the activation runs in the GEMM's epilogue (cuBLASLt GELU_BIAS through
+// On CUDA, in 16 bits, the activation runs in the GEMM's epilogue (cuBLASLt GELU_BIAS through
 // at::_addmm_activation, which applies the tanh form, and falls back to addmm + the tanh GELU
 // when cuBLASLt cannot take the shapes): the [tokens, 4D] activation, the largest tensor of
 // the block, is written once instead of written, read and written again. Being one opaque
 // op also keeps the fusion under torch.compile, whose decomposition would split it.
-// CPU: addmm then the tanh GELU (at::_addmm_activation's CPU path applies the exact GELU).
+// CPU, and fp32 on CUDA: addmm then our gelu_tanh, whose C++ reference and kernel keeps the negative tail (at::gelu's tanh form
+// flushes it: -0 for -5.5e-10 at an input of -5.79; at::_addmm_activation's CPU path applies
+// the exact GELU).
 #include <ATen/ATen.h>
 #include "torch/registration.h"
 
@@ -41,7 +43,7 @@ std::vector<c10::SymInt> out_sizes(const at::Tensor& x, const at::Tensor& weight
 
 at::Tensor linear_gelu_tanh_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_linear(x, weight, bias);
-  return at::gelu(at::linear(x, weight, bias), "tanh");
+  return gelu_tanh(at::linear(x, weight, bias));
 }
 
 at::Tensor linear_gelu_tanh_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -52,6 +54,11 @@ at::Tensor linear_gelu_tanh_meta(const at::Tensor& x, const at::Tensor& weight, 
 #ifdef LTX_KERNELS_WITH_CUDA
 at::Tensor linear_gelu_tanh_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_linear(x, weight, bias);
+  // cuBLASLt's epilogue evaluates 0.5 h (1 + tanh u) in fp32 (as torch's own CUDA GELU does):
+  // the cancellation in 1 + tanh costs up to ~1e-4 of the value near h = -3.5 and gives 0 below
+  // h ~ -5 (the value is < 1e-9 |h|). A 16-bit output's rounding is far coarser; an fp32 one's
+  // is not, so fp32 takes the GEMM, then our gelu_tanh, accurate in that tail.
+  if (x.scalar_type() == at::kFloat) return gelu_tanh(at::linear(x, weight, bias));
   const at::Tensor x2d = x.reshape({-1, x.size(-1)});
   const at::Tensor out = at::_addmm_activation(bias, x2d, weight.t(), 1, 1, /*use_gelu=*/true);
   return out.view_symint(out_sizes(x, weight));

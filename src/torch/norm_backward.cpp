@@ -105,14 +105,14 @@ Grads2 rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const 
                          double weight_offset, std::optional<at::ScalarType> out_dtype) {
   check_rms_norm_backward(grad_out, x, weight, eps, out_dtype);
   const auto [dx, dw, db] = affine_norm_backward(f32(grad_out), x, weight, std::nullopt, false, eps, weight_offset);
-  return {dx.to(x.scalar_type()), dw};
+  return {grad_as(dx, x.scalar_type()), dw};
 }
 
 Grads3 layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight,
                            const OptTensor& bias, double eps) {
   check_layer_norm_backward(grad_out, x, weight, bias, eps);
   const auto [dx, dw, db] = affine_norm_backward(f32(grad_out), x, weight, bias, true, eps, 0.0);
-  return {dx.to(x.scalar_type()), dw, db};
+  return {grad_as(dx, x.scalar_type()), dw, db};
 }
 
 // new_residual = x + residual (rounded to the dtype, the value the norm reads), out =
@@ -124,7 +124,7 @@ Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor&
   const at::Tensor h = (f32(x) + f32(residual)).to(x.scalar_type());
   const auto [dh, dw, db] = affine_norm_backward(f32(grad_out), h, weight, std::nullopt, false, eps, weight_offset);
   const at::Tensor d = dh + f32(grad_new_residual);
-  return {d.to(x.scalar_type()), fresh_grad(d, residual.scalar_type()), dw};  // (not d twice)
+  return {grad_as(d, x.scalar_type()), fresh_grad(d, residual.scalar_type()), dw};  // (not d twice)
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(
@@ -136,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_lay
   const auto [dnorm, dscale, dshift] =
       modulation_backward(f32(grad_out), norm_output(x, weight, bias, true, eps), scale, shift);
   const auto [dx, dw, db] = affine_norm_backward(dnorm, x, weight, bias, true, eps, 0.0);
-  return {dx.to(x.scalar_type()), dscale, dshift, dw, db};
+  return {grad_as(dx, x.scalar_type()), dscale, dshift, dw, db};
 }
 
 void check_adaln_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& scale,

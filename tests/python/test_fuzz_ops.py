@@ -24,6 +24,7 @@ from conftest import DTYPES, HAS_CUDA, TOLERANCE, activation_scale, assert_close
 from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
 from test_fp8 import fp8_accumulator_error, torch_quantize
 from test_group_norm import formula as group_norm_formula
+from test_linear_gelu_tanh import fp32_tanh_form
 from test_layer_norm import layer_norm_formula
 from test_rms_norm import rms_norm_formula
 from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula
@@ -65,6 +66,7 @@ class Call:
     # or 128): on the GPU the call must raise a clear error naming the op, not run.
     cuda_refuses: bool = False
     cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
+    cuda_formula: object = None  # the GPU's reference where its documented method differs from the CPU's
     out_dtype: torch.dtype | None = None  # the output's dtype where it is not the inputs' (rms_norm's out_dtype)
     out_dtypes: list | None = None  # per output, where they differ (a backward op: each argument's dtype)
 
@@ -235,6 +237,20 @@ def build_glu(draw, dtype):
     return call, lambda: act(x.tensor[..., :h]) * x.tensor[..., h:].double()
 
 
+class RoundGrad(torch.autograd.Function):
+    """The identity, whose backward rounds the gradient to `dtype`: an op that stores an
+    intermediate gradient in its dtype, for a formula differentiated in fp64."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = dtype
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.dtype).to(g.dtype), None
+
+
 def build_linear_gelu_tanh(draw, dtype):
     k, n = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
     shape = rows_shape(draw, k)
@@ -242,8 +258,17 @@ def build_linear_gelu_tanh(draw, dtype):
     w = Arg("weight", laid_out(draw, randn((n, k), dtype) / math.sqrt(k)), copied=True)  # any layout: a GEMM operand
     b = Arg("bias", randn((n,), dtype), copied=True)
     call = Call("linear_gelu_tanh", [x, w, b], scale=10.0 if dtype == torch.float32 else 2.0)
-    return call, lambda: F.gelu(
-        x.tensor.double() @ w.tensor.double().T + b.tensor.double(), approximate="tanh")
+    call.cuda_formula = None if dtype == torch.float32 else (
+        lambda: fp32_tanh_form(x.tensor.double() @ w.tensor.double().T + b.tensor.double()))
+
+    def formula():
+        # h rounded to the dtype (its gradient passed through) as the CPU path and the backward
+        # compute it (the 16-bit CUDA path's GELU reads h in fp32: cuda_formula), and h's
+        # gradient rounded to the dtype before the GEMMs and the bias sum, as the backward op
+        # (like torch's autograd of Linear + GELU) computes it.
+        h = x.tensor.double() @ w.tensor.double().T + b.tensor.double()
+        return gelu_tanh_formula(RoundGrad.apply(h + (h.to(dtype).double() - h).detach(), dtype))
+    return call, formula
 
 
 def build_quantize_fp8(draw, dtype):
@@ -566,7 +591,8 @@ def test_valid_calls_match_the_formula(builder, data):
     elif HAS_CUDA:
         cuda_out = call.run("cuda")
         assert shapes_of(cuda_out) == shapes_of(out)  # (the CUDA kernels' layouts: Meta's too)
-        check_matches(to_cpu(cuda_out), ref, dtype, call, call.cuda_scale)
+        check_matches(to_cpu(cuda_out), call.cuda_formula() if call.cuda_formula else ref, dtype, call,
+                      call.cuda_scale)
 
 
 @pytest.mark.parametrize("builder", sorted(BUILDERS))

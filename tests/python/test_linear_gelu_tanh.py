@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import ltx_kernels
-from conftest import DEVICES, DTYPES, ELEMENT_RTOL, TOLERANCE, assert_close, rel_err
+from conftest import DEVICES, DTYPES, ELEMENT_RTOL, TOLERANCE, activation_scale, assert_close, rel_err
+from test_elementwise import TAIL, gelu_tanh_formula
 
 
 def inputs(rows, k, n, dtype, device):
@@ -15,7 +16,14 @@ def inputs(rows, k, n, dtype, device):
 
 
 def formula(x, weight, bias):
-    return torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double(), approximate="tanh")
+    return gelu_tanh_formula(x.double() @ weight.double().T + bias.double())
+
+
+def fp32_tanh_form(h):
+    """GELU as cuBLASLt's epilogue (our 16-bit CUDA path) and torch's CUDA GELU evaluate it:
+    0.5 h (1 + tanh u) in fp32, whose 1 + tanh cancels below h ~ -3 (0 below h ~ -5)."""
+    h = h.float()
+    return (0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h**3)))).double()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -34,6 +42,23 @@ def test_matches_formula(device, dtype, rows, k, n):
     stock = torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate="tanh")
     ref = formula(x, weight, bias)
     assert rel_err(got, ref) <= 1.1 * rel_err(stock, ref) + max(ELEMENT_RTOL[dtype], TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_negative_tail(device, dtype):
+    """Pre-activations far below 0 (x @ 1 + 0: exact in every dtype), each alone (a one-element
+    output: its own value sets the tolerance) and all together: the GELU's value, not 0,
+    wherever that value is a normal number of dtype (as the gelu_tanh op), but for the 16-bit
+    CUDA path, the GEMM epilogue's fp32 tanh form."""
+    z = torch.tensor(TAIL, dtype=dtype, device=device)[:, None]
+    weight = torch.ones(1, 1, dtype=dtype, device=device)
+    bias = torch.zeros(1, dtype=dtype, device=device)
+    # 16 bits on CUDA: the fp32 tanh form (documented in src/torch/linear.cpp), 0 in the tail.
+    reference = fp32_tanh_form if device == "cuda" and dtype != torch.float32 else gelu_tanh_formula
+    for x in [z, *z[:, None]]:
+        assert_close(ltx_kernels.linear_gelu_tanh(x, weight, bias), reference(x.double() @ weight.double().T),
+                     dtype, scale=activation_scale(dtype))
 
 
 @pytest.mark.parametrize("device", DEVICES)
