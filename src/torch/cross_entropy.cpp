@@ -85,6 +85,30 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   }
 }
 
+// The backward's own tensors: the outputs' gradients and the saved outputs, float32 on x's
+// device (any layout: each is read through a reshape), loss and grad_loss of the reduction's
+// shape (target's for 'none', 0-dim otherwise), lse and grad_lse of target's.
+void check_backward_args(const at::Tensor& grad_loss, const at::Tensor& grad_lse, const at::Tensor& x,
+                         const at::Tensor& target, Reduction reduction, const at::Tensor& loss, const at::Tensor& lse) {
+  constexpr const char* kOp = "fused_linear_cross_entropy_backward";
+  const bool per_token = reduction == Reduction::kNone;
+  const struct {
+    const at::Tensor& t;
+    const char* name;
+    bool of_loss;
+  } args[] = {{grad_loss, "grad_loss", true}, {grad_lse, "grad_lse", false}, {loss, "loss", true}, {lse, "lse", false}};
+  for (const auto& a : args) {
+    TORCH_CHECK_TYPE(a.t.scalar_type() == at::kFloat, kOp, ": ", std::string(a.name),
+                     " must be float32 (as the forward's outputs and their gradients), got ", a.t.scalar_type());
+    TORCH_CHECK_VALUE(a.t.device() == x.device(), kOp, ": ", std::string(a.name), " must be on x's device ",
+                      device_str(x.device()), ", got ", device_str(a.t.device()));
+    const c10::SymIntArrayRef shape = a.of_loss && !per_token ? c10::SymIntArrayRef() : target.sym_sizes();
+    TORCH_CHECK_VALUE(a.t.sym_sizes() == shape, kOp, ": ", std::string(a.name), " must have shape ", dims_str(shape),
+                      std::string(a.of_loss && !per_token ? " (a reduced loss)" : " (target's)"), ", got ",
+                      dims_str(a.t.sym_sizes()));
+  }
+}
+
 // Classes per chunk: fp32 logits of about twice x's bytes (the hidden size for 16-bit x, twice
 // it for fp32), a multiple of 128, at most the vocabulary.
 int64_t chunk_classes(int64_t hidden, int64_t vocab, int64_t x_bytes) {
@@ -172,15 +196,11 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_cross_entropy(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backward(
     const at::Tensor& grad_loss, const at::Tensor& grad_lse, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& target, const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name,
-    const at::Tensor& /*loss*/, const at::Tensor& lse) {
+    const at::Tensor& loss, const at::Tensor& lse) {
   constexpr const char* kOp = "fused_linear_cross_entropy_backward";
   const Reduction reduction = parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index);
-  TORCH_CHECK_VALUE(lse.sizes() == target.sizes() && lse.scalar_type() == at::kFloat, kOp,
-                    ": lse must be float32 of target's shape ", dims_str(target.sym_sizes()), ", got ",
-                    lse.scalar_type(), " ", dims_str(lse.sym_sizes()));
-  TORCH_CHECK_VALUE(grad_lse.sizes() == target.sizes(), kOp, ": grad_lse must have target's shape ",
-                    dims_str(target.sym_sizes()), ", got ", dims_str(grad_lse.sym_sizes()));
+  check_backward_args(grad_loss, grad_lse, x, target, reduction, loss, lse);
   const NoAutocast no_autocast(c10::autocast_dispatch_keyset);
   const Rows r(x, weight, target, ignore_index);
   const OptTensor bias_c = contiguous(bias);
@@ -248,11 +268,12 @@ std::tuple<at::Tensor, at::Tensor> fused_linear_cross_entropy_meta(const at::Ten
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_entropy_backward_meta(
-    const at::Tensor& /*grad_loss*/, const at::Tensor& /*grad_lse*/, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& grad_loss, const at::Tensor& grad_lse, const at::Tensor& x, const at::Tensor& weight,
     const at::Tensor& target, const OptTensor& bias, int64_t ignore_index, c10::string_view reduction_name,
-    const at::Tensor& /*loss*/, const at::Tensor& /*lse*/) {
-  parse_reduction(std::string(reduction_name));
+    const at::Tensor& loss, const at::Tensor& lse) {
+  const Reduction reduction = parse_reduction(std::string(reduction_name));
   check_args(x, weight, target, bias, ignore_index, /*check_values=*/false);
+  check_backward_args(grad_loss, grad_lse, x, target, reduction, loss, lse);
   return {meta_grad(x), meta_grad(weight), none_grad(target), bias ? meta_grad(*bias) : none_grad(x)};
 }
 

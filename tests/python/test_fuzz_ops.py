@@ -410,13 +410,13 @@ def build_fused_linear_cross_entropy(draw, dtype):
     if target.numel():
         target.view(-1)[0] = 0  # a mean over no target is NaN (0 / 0), as torch's
     t = Arg("target", target, valid_breaks=("strided_last_dim", "expanded_last_dim"))
-    b = optional(draw, lambda: Arg("bias", randn((vocab,), dtype), copied=True))
+    b = Arg("bias", randn((vocab,), dtype) if draw(st.booleans()) else None, copied=True)
     reduction = draw(st.sampled_from(["mean", "sum", "none"] if target.numel() else ["sum", "none"]))
     call = Call("fused_linear_cross_entropy", [x, w, t, b, -100, reduction], scale=10.0,
                 out_dtypes=[torch.float32, torch.float32])
 
     def formula():
-        logits = x.tensor.double() @ w.tensor.double().T + (b.tensor.double() if b else 0.0)
+        logits = x.tensor.double() @ w.tensor.double().T + (0.0 if b.tensor is None else b.tensor.double())
         flat = logits.reshape(-1, vocab)
         loss = F.cross_entropy(flat, target.reshape(-1), ignore_index=-100, reduction=reduction)
         return (loss.reshape(target.shape) if reduction == "none" else loss), torch.logsumexp(logits, -1)
@@ -489,10 +489,14 @@ def build_backward(draw, dtype, forward):
     hypothesis.assume("norm" not in call.op or call.args[0].tensor.shape[-1] >= 3)
     outs = call.run()
     outs = outs if isinstance(outs, tuple) else (outs,)
-    grads = [Arg(name, laid_out(draw, randn(o.shape, o.dtype)), valid_breaks=("strided_last_dim", "expanded_last_dim"))
+    saves_outputs = call.op == "fused_linear_cross_entropy"  # its backward takes the loss and lse too
+    grads = [Arg(name, laid_out(draw, randn(o.shape, o.dtype)), copied=saves_outputs,
+                 valid_breaks=("strided_last_dim", "expanded_last_dim"))
              for name, o in zip(GRAD_NAMES[call.op], outs)]
     inputs = [a for a in call.args if isinstance(a, Arg)]
     extra = [call.kwargs["out_dtype"]] if "out_dtype" in call.kwargs else []  # rms_norm's: positional here
+    if saves_outputs:  # (read through a reshape: any layout)
+        extra = [Arg(name, o, copied=True) for name, o in zip(["loss", "lse"], outs)]
 
     def gradients():
         # The arguments' own tensors require grad while the formula runs (it reads some through
@@ -527,13 +531,13 @@ GRAD_NAMES = {
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
     "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"], "group_norm": ["grad_out"],
     "apply_rotary_pos_emb": ["grad_q_out", "grad_k_out"], "ltx_rope": ["grad_out"],
-    "ltx_qk_norm_rope": ["grad_q_out", "grad_k_out"],
+    "ltx_qk_norm_rope": ["grad_q_out", "grad_k_out"], "fused_linear_cross_entropy": ["grad_loss", "grad_lse"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
                                  "linear_gelu_tanh", "attention", "group_norm", "apply_rotary_pos_emb", "ltx_rope",
-                                 "ltx_qk_norm_rope"]}
+                                 "ltx_qk_norm_rope", "fused_linear_cross_entropy"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 
 
@@ -622,8 +626,8 @@ def broken(arg: Arg, how: str) -> torch.Tensor:
         return t.to(torch.int32)
     if how == "float64":
         return t.double()
-    if how == "wider_last_dim":
-        return torch.cat([t, torch.zeros(*t.shape[:-1], 1, dtype=t.dtype)], -1)
+    if how == "wider_last_dim":  # (of a 0-dim tensor: two elements)
+        return torch.cat([t if t.dim() else t.reshape(1), torch.zeros(*t.shape[:-1], 1, dtype=t.dtype)], -1)
     if how == "strided_last_dim":
         wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
         return wide[..., ::2]
@@ -644,8 +648,10 @@ def invalid_calls(draw, builder):
     arg = call.args[i]
     alone = len(candidates) == 1  # nothing to disagree with in size or device
     hows = [h for h in BREAKS
-            # A last dim of 1 has no stride to break; a copied argument may have any layout.
-            if not (h in ("strided_last_dim", "expanded_last_dim") and (arg.tensor.shape[-1] <= 1 or arg.copied))
+            # A last dim of 1 (or none, 0-dim) has no stride to break, nor a 0-dim tensor a 0-dim
+            # form; a copied argument may have any layout.
+            if not (h in ("strided_last_dim", "expanded_last_dim") and (arg.copied or arg.tensor.shape[-1:] <= (1,)))
+            and not (h == "zero_dim" and arg.tensor.dim() == 0)
             and not (h in ("wider_last_dim", "device") and alone) and h not in arg.valid_breaks]
     how = draw(st.sampled_from(hows))
     call.args[i] = Arg(arg.name, broken(arg, how), arg.copied)
