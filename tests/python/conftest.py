@@ -99,3 +99,18 @@ def make_rows(rows: int, hidden: int, dtype, device, layout: str = "contiguous")
         base = torch.randn(rows // b, b, hidden, dtype=dtype, device=device)
         return base.transpose(0, 1)
     raise ValueError(layout)
+
+
+class RoundedGradient(torch.autograd.Function):
+    """The identity, whose backward rounds the gradient to ``dtype``: for a formula
+    differentiated in fp64, an op that stores an intermediate gradient in its dtype (d loss /
+    d logits fed to the cross-entropy's GEMMs, a GELU's input gradient fed to linear_gelu_tanh's)."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = dtype
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype).to(grad.dtype), None

@@ -6,24 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import ltx_kernels
-from conftest import DEVICES, DTYPES, assert_close
+from conftest import DEVICES, DTYPES, RoundedGradient, assert_close
 from test_backward import check_grads
 
 ops = torch.ops.ltx_kernels
-
-
-class RoundedGradient(torch.autograd.Function):
-    """Identity whose backward rounds the gradient to ``dtype``: the d loss / d logits that the
-    op (as stock 16-bit training) feeds to its x and weight gradient GEMMs in x's dtype."""
-
-    @staticmethod
-    def forward(ctx, t, dtype):
-        ctx.dtype = dtype
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.dtype).to(grad.dtype), None
 
 
 def formula(x, weight, target, bias=None, ignore_index=-100, reduction="mean", logit_grad_dtype=None):

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DTYPES, HAS_CUDA, TOLERANCE, activation_scale, assert_close
+from conftest import DTYPES, HAS_CUDA, TOLERANCE, RoundedGradient, activation_scale, assert_close
 from test_elementwise import gelu_formula, gelu_tanh_formula, silu_formula
 from test_fp8 import fp8_accumulator_error, torch_quantize
 from test_group_norm import formula as group_norm_formula
@@ -237,20 +237,6 @@ def build_glu(draw, dtype):
     return call, lambda: act(x.tensor[..., :h]) * x.tensor[..., h:].double()
 
 
-class RoundGrad(torch.autograd.Function):
-    """The identity, whose backward rounds the gradient to `dtype`: an op that stores an
-    intermediate gradient in its dtype, for a formula differentiated in fp64."""
-
-    @staticmethod
-    def forward(ctx, t, dtype):
-        ctx.dtype = dtype
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.to(ctx.dtype).to(g.dtype), None
-
-
 def build_linear_gelu_tanh(draw, dtype):
     k, n = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
     shape = rows_shape(draw, k)
@@ -267,7 +253,7 @@ def build_linear_gelu_tanh(draw, dtype):
         # gradient rounded to the dtype before the GEMMs and the bias sum, as the backward op
         # (like torch's autograd of Linear + GELU) computes it.
         h = x.tensor.double() @ w.tensor.double().T + b.tensor.double()
-        return gelu_tanh_formula(RoundGrad.apply(h + (h.to(dtype).double() - h).detach(), dtype))
+        return gelu_tanh_formula(RoundedGradient.apply(h + (h.to(dtype).double() - h).detach(), dtype))
     return call, formula
 
 
