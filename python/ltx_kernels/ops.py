@@ -210,9 +210,12 @@ def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None =
 
 
 def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``gelu(x @ weight.T + bias, approximate="tanh")``: on CUDA the GELU runs in the GEMM's
-    epilogue (cuBLASLt), so the activation is written once; fp32 accumulation, the GELU applied
-    before rounding. ``x`` is ``[..., K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]``, one dtype."""
+    """``gelu(x @ weight.T + bias, approximate="tanh")``: in 16 bits on CUDA the GELU runs in the
+    GEMM's epilogue (cuBLASLt), so the activation is written once; fp32 accumulation, the GELU
+    applied before rounding, in the fp32 tanh form (as torch's CUDA GELU: 0 for pre-activations
+    below about -5, whose GELU is < 1e-9 in magnitude). fp32 on CUDA, and the CPU: the GEMM, then
+    ``gelu_tanh`` (its negative tail kept). ``x`` is ``[..., K]``, ``weight`` ``[N, K]``, ``bias``
+    ``[N]``, one dtype."""
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
