@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 out=${1:-${OUT:-/tmp/ltx_kernels_out}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # (absolute: the sanitize stage writes from tests/python)
 status=0
 stages=${GPU_CHECK_STAGES:-cpp py bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
