@@ -1,5 +1,5 @@
-"""Tensors of more than 2^31 elements on the GPU: rms_norm, silu_and_mul and the LTX RoPE
-(angles in the kernel) index them with 64-bit offsets. Each test checks every row that lies
+"""Tensors of more than 2^31 elements on the GPU: rms_norm, silu_and_mul, the LTX RoPE (angles
+in the kernel) and group_norm (both layouts) index them with 64-bit offsets. Each test checks every row that lies
 past element 2^31, and the rows around it, against the fp64 formula (the whole output would
 not fit as fp64). CUDA only, with ~15 GB free; skipped otherwise."""
 
@@ -8,6 +8,7 @@ import torch
 
 import ltx_kernels
 from conftest import HAS_CUDA, assert_close
+from test_group_norm import formula as group_norm_formula
 from test_rms_norm import rms_norm_formula
 from test_rope import ltx_rope_formula, ltx_tables_fp64
 
@@ -69,3 +70,20 @@ def test_ltx_rope_angles():
     pos = torch.stack([tokens // (height * width), tokens // width % height, tokens % width]).double()[None]
     cos, sin = ltx_tables_fp64(1, len(tokens), d, None, (scale[0] / 20, scale[1] / 2048, scale[2] / 2048), pos)
     assert_close(out[:, tokens], ltx_rope_formula(x[:, tokens], cos, sin), DTYPE)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_group_norm(layout):
+    """A UNet's GroupNorm + SiLU over 2 x 64 x 4100 x 4100 (2^31 + 2^22 elements): the last two
+    groups of the second sample, which hold element 2^31 in either layout, against fp64."""
+    n, c, side, groups = 2, 64, 4100, 32
+    x = torch.randn(n, c, side, side, dtype=DTYPE, device="cuda")
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert x.numel() > LIMIT
+    weight = torch.randn(c, dtype=DTYPE, device="cuda")
+    bias = torch.randn(c, dtype=DTYPE, device="cuda")
+    out = ltx_kernels.group_norm(x, groups, weight, bias, 1e-5, activation="silu")
+    last = slice(c - 2 * c // groups, c)  # the last two groups' channels
+    expected = group_norm_formula(x[1:, last], 2, weight[last], bias[last], 1e-5, silu=True)
+    assert_close(out[1:, last], expected, DTYPE)
