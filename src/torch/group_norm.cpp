@@ -6,7 +6,6 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "ltx_kernels/group_norm.h"
 #include "torch/backward.h"
@@ -139,11 +138,6 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& x, int64_t num
   check_grad(grad_out, "group_norm_backward: grad_out", x, x.scalar_type());
 }
 
-// The gradient of an optional argument: t's dtype and shape, or none_grad when absent.
-at::Tensor grad_of(const OptTensor& t, const at::Tensor& g, const at::Tensor& x) {
-  return t ? grad_as(g, t->scalar_type()) : none_grad(x);
-}
-
 Grads4 group_norm_backward_meta(const at::Tensor& grad_out, const at::Tensor& x, int64_t num_groups,
                                 const OptTensor& weight, const OptTensor& bias, double eps, const OptTensor& add,
                                 bool silu) {
@@ -152,12 +146,12 @@ Grads4 group_norm_backward_meta(const at::Tensor& grad_out, const at::Tensor& x,
   return {meta_grad(x), like(weight), like(bias), like(add)};
 }
 
-// group_norm's backward: a composite of ATen ops in fp32 on any device. The statistics and
-// the normalized x are recomputed from x (nothing saved), then with z = x_hat * w + b,
-// dz = grad * silu'(z) (or grad), dbias = sum dz, dweight = sum dz * x_hat over samples and
-// positions, dx = rstd * (dx_hat - mean(dx_hat) - x_hat * mean(dx_hat * x_hat)) per group
-// (dx_hat = dz * w), dadd = dx summed over positions. Correct, not fused: a two-pass CUDA
-// kernel in the forward's style is not written yet.
+// group_norm's backward on any device, in fp32: h = x + add (as the forward adds it), torch's own
+// fused GroupNorm forward of h (the statistics and z = x_hat * w + b, recomputed: nothing is
+// saved), dz = silu'(z) * grad (or grad), torch's fused GroupNorm backward for dx, dweight and
+// dbias, and dadd = dx summed over the positions. Six passes over the tensor instead of the
+// ~25 of an elementwise composition; a kernel of our own in the forward's style is not written
+// yet.
 Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int64_t num_groups,
                            const OptTensor& weight, const OptTensor& bias, double eps, const OptTensor& add,
                            bool silu) {
@@ -167,34 +161,23 @@ Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int6
     const auto zero = [&](const OptTensor& t) { return t ? at::zeros_like(*t) : none_grad(x); };
     return {at::zeros_like(x), zero(weight), zero(bias), zero(add)};
   }
-  std::vector<int64_t> channel_shape(x.dim(), 1);  // [1, C, 1, ...]: a per-channel vector
-  channel_shape[1] = c;
-  std::vector<int64_t> sample_channel(x.sizes().begin(), x.sizes().begin() + 2);  // [N, C, 1, ...]
-  sample_channel.resize(x.dim(), 1);
-  at::Tensor h = f32(x);
-  if (add) h = h + f32(*add).view(sample_channel);
-  const at::Tensor hg = h.reshape({n, num_groups, -1});
-  const at::Tensor mean = hg.mean(-1, /*keepdim=*/true);
-  const at::Tensor rstd = (hg.var(-1, /*unbiased=*/false, /*keepdim=*/true) + eps).rsqrt();
-  const at::Tensor x_hat = ((hg - mean) * rstd).view(x.sizes());
-  const at::Tensor w = weight ? f32(*weight).view(channel_shape) : at::ones(channel_shape, h.options());
-  at::Tensor dz = f32(grad_out);
-  if (silu) {
-    at::Tensor z = x_hat * w;
-    if (bias) z = z + f32(*bias).view(channel_shape);
-    const at::Tensor s = z.sigmoid();
-    dz = dz * s * (1.0 + z * (1.0 - s));  // d/dz z sigmoid(z)
-  }
-  std::vector<int64_t> all_but_channels{0};
-  for (int64_t d = 2; d < x.dim(); ++d) all_but_channels.push_back(d);
-  const at::Tensor dx_hat = (dz * w).reshape({n, num_groups, -1});
-  const at::Tensor xg = x_hat.reshape({n, num_groups, -1});
-  const at::Tensor dx = ((dx_hat - dx_hat.mean(-1, true) - xg * (dx_hat * xg).mean(-1, true)) * rstd).view(x.sizes());
-  std::vector<int64_t> positions;
-  for (int64_t d = 2; d < x.dim(); ++d) positions.push_back(d);
-  const at::Tensor dadd = positions.empty() ? fresh_grad(dx, at::kFloat) : dx.sum(positions);  // (not dx itself)
-  return {grad_as(dx, x.scalar_type()), grad_of(weight, (dz * x_hat).sum(all_but_channels), x),
-          grad_of(bias, dz.sum(all_but_channels), x), grad_of(add, dadd, x)};
+  const int64_t positions = x.numel() / (n * c);
+  const auto f32_contiguous = [](const at::Tensor& t) {
+    return t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous).contiguous();
+  };
+  at::Tensor h = f32_contiguous(x).view({n, c, positions});
+  if (add) h = h + f32(*add).view({n, c, 1});
+  // (ones for an absent weight: torch's backward sizes dbias from the weight)
+  const at::Tensor w = weight ? f32(*weight) : at::ones({c}, h.options());
+  const OptTensor b = bias ? OptTensor(f32(*bias)) : std::nullopt;
+  const auto [z, mean, rstd] = at::native_group_norm(h, w, b, n, c, positions, num_groups, eps);
+  const at::Tensor g = f32_contiguous(grad_out).view({n, c, positions});
+  const at::Tensor dz = silu ? at::silu_backward(g, z) : g;
+  const auto [dh, dw, db] = at::native_group_norm_backward(dz, h, mean, rstd, w, n, c, positions, num_groups,
+                                                           {true, weight.has_value(), bias.has_value()});
+  const at::Tensor dadd = add ? dh.sum(-1) : at::Tensor();  // (a fresh tensor, not dh itself)
+  return {grad_as(dh.view(x.sizes()), x.scalar_type()), weight ? grad_as(dw, weight->scalar_type()) : none_grad(x),
+          bias ? grad_as(db, bias->scalar_type()) : none_grad(x), add ? grad_as(dadd, add->scalar_type()) : none_grad(x)};
 }
 
 }  // namespace
