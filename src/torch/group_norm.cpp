@@ -162,16 +162,13 @@ Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int6
     return {at::zeros_like(x), zero(weight), zero(bias), zero(add)};
   }
   const int64_t positions = x.numel() / (n * c);
-  const auto f32_contiguous = [](const at::Tensor& t) {
-    return t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous).contiguous();
-  };
-  at::Tensor h = f32_contiguous(x).view({n, c, positions});
+  at::Tensor h = grad_as(x, at::kFloat).view({n, c, positions});  // (fp32, contiguous)
   if (add) h = h + f32(*add).view({n, c, 1});
   // (ones for an absent weight: torch's backward sizes dbias from the weight)
   const at::Tensor w = weight ? f32(*weight) : at::ones({c}, h.options());
   const OptTensor b = bias ? OptTensor(f32(*bias)) : std::nullopt;
   const auto [z, mean, rstd] = at::native_group_norm(h, w, b, n, c, positions, num_groups, eps);
-  const at::Tensor g = f32_contiguous(grad_out).view({n, c, positions});
+  const at::Tensor g = grad_as(grad_out, at::kFloat).view({n, c, positions});
   const at::Tensor dz = silu ? at::silu_backward(g, z) : g;
   const auto [dh, dw, db] = at::native_group_norm_backward(dz, h, mean, rstd, w, n, c, positions, num_groups,
                                                            {true, weight.has_value(), bias.has_value()});

@@ -14,6 +14,7 @@ held-out run: cases no one tuned the ops against), still reproducible.
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -66,7 +67,7 @@ class Call:
     # or 128): on the GPU the call must raise a clear error naming the op, not run.
     cuda_refuses: bool = False
     cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
-    cuda_formula: object = None  # the GPU's reference where its documented method differs from the CPU's
+    cuda_formula: Callable | None = None  # the GPU's reference where its documented method differs from the CPU's
     out_dtype: torch.dtype | None = None  # the output's dtype where it is not the inputs' (rms_norm's out_dtype)
     out_dtypes: list | None = None  # per output, where they differ (a backward op: each argument's dtype)
 
@@ -243,9 +244,9 @@ def build_linear_gelu_tanh(draw, dtype):
     x = Arg("x", laid_out(draw, randn(shape, dtype)))
     w = Arg("weight", laid_out(draw, randn((n, k), dtype) / math.sqrt(k)), copied=True)  # any layout: a GEMM operand
     b = Arg("bias", randn((n,), dtype), copied=True)
-    call = Call("linear_gelu_tanh", [x, w, b], scale=10.0 if dtype == torch.float32 else 2.0)
-    call.cuda_formula = None if dtype == torch.float32 else (
-        lambda: fp32_tanh_form(x.tensor.double() @ w.tensor.double().T + b.tensor.double()))
+    call = Call("linear_gelu_tanh", [x, w, b], scale=10.0 if dtype == torch.float32 else 2.0,
+                cuda_formula=None if dtype == torch.float32 else (
+                    lambda: fp32_tanh_form(x.tensor.double() @ w.tensor.double().T + b.tensor.double())))
 
     def formula():
         # h rounded to the dtype (its gradient passed through) as the CPU path and the backward
