@@ -191,7 +191,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2) attention_short_ker
     }
 
     // The output rows, normalized, into the warp's Q tile (its rows are in registers now),
-    // then out to global memory 16 bytes at a time.
+    // then out to global memory 16 bytes at a time. (__syncwarp: every lane's ldmatrix of the
+    // tile is ordered before any lane overwrites it; racecheck reports the hazard without it.)
+    __syncwarp();
     char* staged = smem + q_tile(buf);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
