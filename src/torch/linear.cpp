@@ -6,9 +6,9 @@
 // when cuBLASLt cannot take the shapes): the [tokens, 4D] activation, the largest tensor of
 // the block, is written once instead of written, read and written again. Being one opaque
 // op also keeps the fusion under torch.compile, whose decomposition would split it.
-// CPU, and fp32 on CUDA: addmm then our gelu_tanh, whose C++ reference and kernel keeps the negative tail (at::gelu's tanh form
-// flushes it: -0 for -5.5e-10 at an input of -5.79; at::_addmm_activation's CPU path applies
-// the exact GELU).
+// CPU, and fp32 on CUDA: addmm, then our gelu_tanh, whose C++ reference and kernel keep the
+// negative tail (at::gelu's tanh form flushes it: -0 for -5.5e-10 at an input of -5.79;
+// at::_addmm_activation's CPU path applies the exact GELU).
 #include <ATen/ATen.h>
 #include "torch/registration.h"
 
