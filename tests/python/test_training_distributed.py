@@ -30,11 +30,15 @@ def half_loss(model, rank):
 def wrapped(model, how):
     if how == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # A CPU mesh named explicitly: FSDP2's default mesh is a CUDA one wherever a GPU is present,
+    # which would move both ranks' shards onto one GPU under gloo (a rank segfaulted so on an H100).
+    mesh = init_device_mesh("cpu", (WORLD,))
     for layer in model.model.layers:
-        fully_shard(layer)
-    return fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def rank_main(rank, store, how, out_path):
