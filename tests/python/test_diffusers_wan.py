@@ -206,3 +206,33 @@ def test_fp8_runs_within_the_format_error():
     timestep to its time embedder's weight dtype) out of FP8."""
     report = assert_fp8_within_format_error(tiny_wan(), wan_kwargs())
     assert report.patched[wan.BLOCK_KIND] == 2
+
+
+def test_benchmark_inputs_run_on_the_tiny_config():
+    """The Wan benchmark's model and inputs (its GPU run uses the 14B config), on the CPU at the
+    tiny one, stock and injected: the fp32 modules diffusers keeps are fp32, the token count is
+    the patched latents'."""
+    from ltx_kernels.bench import wan_e2e
+
+    model = wan_e2e.random_transformer("wan-tiny", torch.bfloat16, "cpu")
+    assert model.blocks[0].scale_shift_table.dtype == torch.float32
+    assert model.condition_embedder.time_embedder.linear_1.weight.dtype == torch.float32
+    assert model.blocks[0].attn1.to_q.weight.dtype == torch.bfloat16
+    frames, height, width = wan_e2e.CONFIGS["wan-tiny"][1]
+    kw = wan_e2e.step_inputs(model, frames, height, width, 7, "cpu")
+    assert kw["hidden_states"].shape == (1, 4, 3, 8, 10)
+    assert wan_e2e.tokens("wan-tiny", frames, height, width) == 3 * 4 * 5
+    assert wan_e2e.tokens("wan21-14b", *wan_e2e.CONFIGS["wan21-14b"][1]) == 21 * 30 * 52
+    with torch.no_grad():
+        ref = model(**kw)[0]
+        report = inject_quietly(model)
+        assert report.patched[wan.BLOCK_KIND] == 2, report
+        assert ref.shape == kw["hidden_states"].shape and rel_err(model(**kw)[0], ref) < 2e-2
+
+
+def test_benchmark_full_config_is_wan21_14b():
+    """The benchmark's full config has Wan 2.1 14B's parameter count (14.29 B), built on Meta."""
+    from ltx_kernels.bench import wan_e2e
+
+    model = wan_e2e.random_transformer("wan21-14b", torch.bfloat16, "meta")
+    assert 14.2e9 < sum(p.numel() for p in model.parameters()) < 14.4e9
