@@ -186,6 +186,20 @@ def test_benchmark_inputs_run_on_the_tiny_config():
         assert ref.shape == (1, 24, 16) and rel_err(model(**kw)[0], ref) < 1e-5
 
 
+def test_benchmark_inputs_of_an_fp8_model_are_in_its_compute_dtype():
+    """After inject(precision="fp8") FLUX's first parameter is an FP8 weight: the benchmark's
+    inputs still come in the dtype the model computes in (an H100 run failed on this)."""
+    from ltx_kernels.bench import flux_e2e
+
+    model = flux_e2e.random_transformer("tiny", torch.bfloat16, "cpu")
+    inject_quietly(model, precision="fp8")
+    assert next(model.parameters()).dtype == torch.float8_e4m3fn
+    kw = flux_e2e.step_inputs(model, 64, 96, 7, "cpu")
+    assert kw["hidden_states"].dtype == kw["encoder_hidden_states"].dtype == torch.bfloat16
+    with torch.no_grad():
+        assert model(**kw)[0].dtype == torch.bfloat16
+
+
 def test_custom_processor_stays_and_backend_reaches_ours():
     """A block whose attention has a processor of the user's keeps it (reported); a backend set
     after inject reaches our processor and the stock one beneath it."""

@@ -64,7 +64,7 @@ def step_inputs(model, config: str, size: int, device) -> dict:
     latents (8 pixels each), and the text states with their mask (PixArt), the text states
     and pooled projections (SD3), or class labels, the second the null class (DiT)."""
     g = torch.Generator(device=device).manual_seed(0)
-    cfg, dtype = model.config, next(model.parameters()).dtype
+    cfg, dtype = model.config, harness.model_dtype(model)
     latent = size // 8
     kw = dict(hidden_states=torch.randn(2, cfg.in_channels, latent, latent, generator=g, device=device, dtype=dtype),
               timestep=torch.tensor([500, 500], device=device), return_dict=False)

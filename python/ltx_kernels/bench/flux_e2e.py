@@ -49,7 +49,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
 def step_inputs(model, height: int, width: int, text_tokens: int, device) -> dict:
     """One denoising step's inputs: latents packed 2x2 (16 x 16 pixels per token), seeded."""
     g = torch.Generator(device=device).manual_seed(0)
-    cfg, dtype = model.config, next(model.parameters()).dtype
+    cfg, dtype = model.config, harness.model_dtype(model)
     h, w = height // 16, width // 16
     ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h * 1.0), torch.arange(w * 1.0), indexing="ij"))
     return dict(

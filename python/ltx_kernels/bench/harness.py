@@ -6,6 +6,7 @@ time, as a percentage of a large device-to-device copy measured in the same run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import json
@@ -93,6 +94,18 @@ def peak_memory_gib(cuda: bool) -> tuple[float, str]:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype ``model`` computes in: that of most of its parameters' elements stored in 16 or
+    32 bits. Not simply the first parameter's: after ``inject(precision="fp8")`` a linear's
+    weight is stored in 8 bits and may come first, and a bf16 Wan keeps its first parameter (a
+    modulation table) in fp32."""
+    elements = collections.Counter()
+    for p in model.parameters():
+        if p.dtype.is_floating_point and p.element_size() > 1:
+            elements[p.dtype] += p.numel()
+    return elements.most_common(1)[0][0]
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -70,7 +70,7 @@ def step_inputs(model, size: int, device) -> dict:
     text embedding and the time ids (original size, crop corner, target size: the image's, as
     the SDXL pipeline sets them by default)."""
     g = torch.Generator(device=device).manual_seed(0)
-    cfg, dtype = model.config, next(model.parameters()).dtype
+    cfg, dtype = model.config, harness.model_dtype(model)
     latent = size // 8
     kw = dict(sample=torch.randn(2, cfg.in_channels, latent, latent, generator=g, device=device, dtype=dtype),
               timestep=torch.tensor([500, 500], device=device),

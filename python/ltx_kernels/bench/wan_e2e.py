@@ -65,7 +65,7 @@ def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
 def step_inputs(model, frames: int, height: int, width: int, text_tokens: int, device) -> dict:
     """One forward's inputs (batch 1), seeded: the latents, a timestep, the text states."""
     g = torch.Generator(device=device).manual_seed(0)
-    cfg, dtype = model.config, model.patch_embedding.weight.dtype
+    cfg, dtype = model.config, harness.model_dtype(model)
     return dict(hidden_states=torch.randn(1, cfg.in_channels, *latent_shape(frames, height, width), generator=g,
                                           device=device, dtype=dtype),
                 timestep=torch.tensor([500.0], device=device),
