@@ -42,9 +42,12 @@ QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+att
 
 
 def _torchao_fp8(model) -> None:
+    """torchao's FP8 recipe on the model's bf16 linears: its per-row scaling takes bf16 weights
+    only, and diffusers keeps some linears in fp32 (Wan's time embedder), which stay as they are."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
-    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+              filter_fn=lambda module, _: isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16)
 
 
 def set_mode(model, mode: str) -> None:
