@@ -1,5 +1,6 @@
 // Reductions across the threads that share one row. A block is laid out as
-// blockDim.y rows x THREADS_PER_ROW threads per row (== blockDim.x), a multiple of 32.
+// blockDim.y rows x THREADS_PER_ROW threads per row (== blockDim.x): 8 or 16 (several rows in
+// a warp, each in its own aligned group of lanes) or a multiple of 32.
 #pragma once
 
 namespace ltx_kernels::core {
@@ -15,10 +16,12 @@ struct NanMax {
   }
 };
 
-template <typename Op>
+// op over each aligned group of WIDTH lanes (the whole warp by default). Every lane of the
+// warp calls it; xor offsets below WIDTH keep each group's values within the group.
+template <int WIDTH = 32, typename Op>
 __device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = WIDTH / 2; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -30,7 +33,9 @@ constexpr int kMaxWarpsPerBlock = 32;
 // scratch to each call, so that no barrier is needed before it is written again.
 template <int THREADS_PER_ROW, typename Op>
 __device__ __forceinline__ float row_reduce(float v, float* scratch, Op op) {
-  static_assert(THREADS_PER_ROW % 32 == 0 && THREADS_PER_ROW <= 32 * kMaxWarpsPerBlock);
+  static_assert(THREADS_PER_ROW == 8 || THREADS_PER_ROW == 16 ||
+                (THREADS_PER_ROW % 32 == 0 && THREADS_PER_ROW <= 32 * kMaxWarpsPerBlock));
+  if constexpr (THREADS_PER_ROW < 32) return warp_reduce<THREADS_PER_ROW>(v, op);
   constexpr int kWarps = THREADS_PER_ROW / 32;
   v = warp_reduce(v, op);
   if constexpr (kWarps == 1) {

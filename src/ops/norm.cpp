@@ -77,7 +77,10 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   // did not gain at every size, and each must keep the plan of its FP8 form.
   const bool four_per_thread = p.type == NormType::kRms && p.scale.ptr != nullptr && p.residual == nullptr;
   const int64_t target = four_per_thread ? ceil_div(nvec, 4) : nvec;
-  int64_t threads = 32;
+  // Vectorized rows of at most 16 vectors (head_dim 64 / 128 in 16 bits: the QK norms of
+  // FLUX, SD3, Qwen3) take 8 or 16 threads, several rows a warp: with 32, three quarters of
+  // the threads idled at head_dim 64. H100, SD3.5-large's q/k norms: <<TBD>>.
+  int64_t threads = plan.vec > 1 && nvec <= 8 ? 8 : plan.vec > 1 && nvec <= 16 ? 16 : 32;
   while (threads < target && threads < kMaxCachedThreads) threads *= 2;
   const int64_t need = ceil_div(nvec, threads);
   int items = 1;

@@ -375,7 +375,15 @@ cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t str
 template <typename T, typename W, typename O, int N, int ITEMS>
 cudaError_t launch_cached(const NormParams& p, const NormLaunchPlan& plan, const dim3 grid,
                           cudaStream_t stream) {
+  // Rows of at most 16 vectors share a warp (plan_norm): compiled for those alone.
+  constexpr bool kShortRows = N > 1 && ITEMS == 1;
   switch (plan.threads_per_row) {
+    case 8:
+      if constexpr (kShortRows) return launch_cached<T, W, O, N, ITEMS, 8>(p, grid, stream);
+      return cudaErrorInvalidConfiguration;
+    case 16:
+      if constexpr (kShortRows) return launch_cached<T, W, O, N, ITEMS, 16>(p, grid, stream);
+      return cudaErrorInvalidConfiguration;
     case 32: return launch_cached<T, W, O, N, ITEMS, 32>(p, grid, stream);
     case 64: return launch_cached<T, W, O, N, ITEMS, 64>(p, grid, stream);
     case 128: return launch_cached<T, W, O, N, ITEMS, 128>(p, grid, stream);

@@ -323,6 +323,25 @@ TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
   EXPECT_EQ(plan_norm(layer).threads_per_row, 256);
 }
 
+TEST(NormPlan, ShortRowsShareAWarp) {
+  // head_dim 64 / 128 in 16 bits (QK norms): 8 or 16 threads a row, 32 or 16 rows a block;
+  // the FP8 and modulated forms take the same plan.
+  const NormLaunchPlan d64 = plan_norm(plan_params(DType::kBFloat16, 64));
+  EXPECT_EQ(d64.threads_per_row, 8);
+  EXPECT_EQ(d64.items, 1);
+  EXPECT_EQ(d64.rows_per_block, 32);
+  EXPECT_EQ(d64.blocks, 32);  // ceil(1000 / 32)
+  NormParams d128 = plan_params(DType::kFloat16, 128);
+  EXPECT_EQ(plan_norm(d128).threads_per_row, 16);
+  d128.scale.ptr = reinterpret_cast<const void*>(0x4000);
+  d128.out_fp8 = reinterpret_cast<uint8_t*>(0x3000);
+  EXPECT_EQ(plan_norm(d128).threads_per_row, 16);
+  EXPECT_EQ(plan_norm(d128).items, 1);
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 136)).threads_per_row, 32);  // 17 vectors
+  EXPECT_EQ(plan_norm(plan_params(DType::kFloat32, 64)).threads_per_row, 16);    // 16 fp32 vectors
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 66)).threads_per_row, 32);   // not vectorized
+}
+
 TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
   // LTX D = 2048 bf16: one 16-byte vector per thread, one row per 256-thread block.
   const NormLaunchPlan ltx = plan_norm(plan_params(DType::kBFloat16, 2048));

@@ -31,6 +31,20 @@ def test_matches_formula(device, dtype, hidden, rows, affine):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 128])
+@pytest.mark.parametrize("rows", [5, 1000])
+def test_head_dim_rows_match_formula(device, dtype, hidden, rows):
+    """Short rows (several a warp on CUDA), each with its own mean and spread."""
+    x = torch.randn(rows, hidden, dtype=dtype, device=device) * torch.linspace(0.1, 10.0, rows, device=device,
+                                                                              dtype=dtype)[:, None]
+    x = x + torch.arange(rows, device=device, dtype=dtype)[:, None] % 7
+    weight = torch.randn(hidden, dtype=dtype, device=device)
+    bias = torch.randn(hidden, dtype=dtype, device=device)
+    assert_close(ltx_kernels.layer_norm(x, weight, bias, 1e-5), layer_norm_formula(x, weight, bias), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("hidden", [1536, 4096, 5125])
 def test_large_mean_small_spread(device, hidden):
     """Rows of mean 1e3 and std 1e-2 (issue 18): a one-pass variance cancels entirely, and a

@@ -28,6 +28,20 @@ def test_matches_formula(device, dtype, hidden, rows, with_weight):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 96, 128])
+@pytest.mark.parametrize("rows", [5, 33, 1000])
+@pytest.mark.parametrize("layout", ["contiguous", "row_strided"])
+def test_head_dim_rows_match_formula(device, dtype, hidden, rows, layout):
+    """Rows of a head dim (QK norms): on CUDA several share a warp (8 or 16 threads each), the
+    last block partly filled; every row must still be its own."""
+    x = make_rows(rows, hidden, dtype, device, layout)
+    x = x * torch.linspace(0.1, 10.0, rows, device=device, dtype=dtype)[:, None]  # each row its own scale
+    weight = torch.randn(hidden, dtype=dtype, device=device)
+    assert_close(ltx_kernels.rms_norm(x, weight, 1e-6), rms_norm_formula(x, weight), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("hidden", [8, 111, 2048])
 def test_layouts(device, dtype, layout, hidden):
