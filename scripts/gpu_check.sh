@@ -2,9 +2,9 @@
 # Build, test and benchmark on a machine with a GPU, in one go; prints a short table last.
 #   bash scripts/gpu_check.sh [OUT_DIR]
 # GPU_CHECK_STAGES picks stages after the build (default "cpp py bench"), for machines whose
-# time per command is limited (stages: cpp sanitize py py1 py2 bench heldout gemm attention e2e fidelity flux dit wan unet cache llm); GPU_CHECK_PYTEST passes extra
-# pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_DIT / GPU_CHECK_WAN / GPU_CHECK_UNET / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
-# (one step), fidelity, image DiT (PixArt, DiT, SD3), Wan, UNet (SDXL, SD 1.5), LTX-Video cached-loop and LLM end-to-end
+# time per command is limited (stages: cpp sanitize py py1 py2 bench heldout gemm attention e2e fidelity flux dit wan ltx2 unet cache llm); GPU_CHECK_PYTEST passes extra
+# pytest arguments (e.g. -k rope), GPU_CHECK_FILES the test files of the py stages, GPU_CHECK_CTEST a ctest -R regex (e.g. Attention), GPU_CHECK_E2E / GPU_CHECK_FIDELITY / GPU_CHECK_DIT / GPU_CHECK_WAN / GPU_CHECK_LTX2 / GPU_CHECK_UNET / GPU_CHECK_CACHE / GPU_CHECK_LLM extra arguments of the LTX-Video
+# (one step), fidelity, image DiT (PixArt, DiT, SD3), Wan, LTX-2, UNet (SDXL, SD 1.5), LTX-Video cached-loop and LLM end-to-end
 # benchmarks.
 # Expects torch (with CUDA), triton, cmake and ninja installed. Optional extras, used when
 # present: wheels in .whl/ (e.g. liger-kernel, installed to a private site dir) and a
@@ -124,6 +124,8 @@ bench_stage dit "end-to-end image DiT benchmark (one step; default PixArt-Sigma 
   ltx_kernels.bench.dit_e2e ${GPU_CHECK_DIT:-}
 bench_stage wan "end-to-end Wan benchmark (one forward; default Wan 2.1 14B, 81 frames at 480p)" \
   ltx_kernels.bench.wan_e2e ${GPU_CHECK_WAN:-}
+bench_stage ltx2 "end-to-end LTX-2 benchmark (one step, 121 frames at 768x512 with audio; 19 B: the FP8 modes need a run of their own)" \
+  ltx_kernels.bench.ltx2_e2e ${GPU_CHECK_LTX2:-}
 bench_stage unet "end-to-end UNet benchmark (one step; default SDXL 1024x1024)" ltx_kernels.bench.unet_e2e \
   ${GPU_CHECK_UNET:-}
 bench_stage cache "end-to-end LTX-Video denoising loop with FirstBlockCache (stock vs ours vs ours + compile)" \

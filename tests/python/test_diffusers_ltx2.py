@@ -99,3 +99,31 @@ def test_compile_fullgraph():
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     for ours, ref in zip(outputs(compiled), eager):
         assert rel_err(ours, ref) < 1e-6
+
+
+def test_benchmark_inputs_run_on_the_tiny_config():
+    """The LTX-2 benchmark's model and inputs (its GPU run uses the 19 B config), on the CPU at
+    the tiny one, stock and injected."""
+    from ltx_kernels.bench import ltx2_e2e
+
+    model = ltx2_e2e.random_transformer("ltx2-tiny", torch.float32, "cpu")
+    frames, height, width, fps = ltx2_e2e.CONFIGS["ltx2-tiny"][1]
+    kw = ltx2_e2e.step_inputs(model, frames, height, width, fps, 7, "cpu")
+    f, h, w, audio = ltx2_e2e.latent_shape(model, frames, height, width, fps)
+    assert (f, h, w) == (2, 2, 3) and kw["hidden_states"].shape == (2, 12, 8)
+    assert kw["audio_hidden_states"].shape == (2, audio, 8) and audio == round(9 / 24 * 25)
+    with torch.no_grad():
+        ref = model(**kw)[0]
+        report = inject_quietly(model)
+        assert report.patched["GELU tanh (linear_gelu_tanh)"] == 2 * LAYERS, report
+        assert ref.shape == (2, 12, 8) and rel_err(model(**kw)[0], ref) < 1e-5
+
+
+def test_benchmark_full_config_is_ltx2_19b():
+    """The benchmark's full config: LTX-2's 18.9 B parameters (Meta) and LTX2Pipeline's default
+    video (121 frames of 768x512 at 24 fps: 16 x 16 x 24 latents, 126 audio latents)."""
+    from ltx_kernels.bench import ltx2_e2e
+
+    model = ltx2_e2e.random_transformer("ltx2-19b", torch.bfloat16, "meta")
+    assert 18.8e9 < sum(p.numel() for p in model.parameters()) < 19.0e9
+    assert ltx2_e2e.latent_shape(model, *ltx2_e2e.CONFIGS["ltx2-19b"][1]) == (16, 16, 24, 126)

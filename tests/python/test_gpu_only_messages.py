@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ltx_kernels import cli
-from ltx_kernels.bench import dit_e2e, fidelity, flux_e2e, harness, llm_e2e, ltx_e2e, wan_e2e
+from ltx_kernels.bench import dit_e2e, fidelity, flux_e2e, harness, llm_e2e, ltx2_e2e, ltx_e2e, wan_e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,8 @@ def test_cli_benchmarks_say_what_runs_on_the_cpu(what, argv, monkeypatch, capsys
     assert all(command in err and purpose in err for command, purpose in harness.ON_THE_CPU)
 
 
-@pytest.mark.parametrize("bench_module", [llm_e2e, ltx_e2e, fidelity, flux_e2e, dit_e2e, wan_e2e])
+@pytest.mark.parametrize("bench_module", [llm_e2e, ltx_e2e, fidelity, flux_e2e, dit_e2e, wan_e2e,
+                                                         ltx2_e2e])
 def test_module_benchmarks_say_what_runs_on_the_cpu(bench_module, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench_module.main([]) == 2
