@@ -339,7 +339,8 @@ TEST(NormPlan, ShortRowsShareAWarp) {
   EXPECT_EQ(plan_norm(d128).items, 1);
   EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 136)).threads_per_row, 32);  // 17 vectors
   EXPECT_EQ(plan_norm(plan_params(DType::kFloat32, 64)).threads_per_row, 16);    // 16 fp32 vectors
-  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 66)).threads_per_row, 32);   // not vectorized
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 66)).vec, 1);  // not vectorized: an element a thread
+  EXPECT_EQ(plan_norm(plan_params(DType::kBFloat16, 66)).threads_per_row, 128);
 }
 
 TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
@@ -369,7 +370,14 @@ TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
   for (int64_t cols = 1; cols <= 20000; cols += 37) {
     for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
       const NormLaunchPlan plan = plan_norm(plan_params(dtype, cols));
-      EXPECT_EQ(plan.threads_per_row % 32, 0);
+      // 8 or 16 threads only where the launcher has those kernels: vectorized, one vector each.
+      if (plan.threads_per_row < 32) {
+        EXPECT_TRUE(plan.threads_per_row == 8 || plan.threads_per_row == 16) << cols;
+        EXPECT_EQ(plan.items, 1) << cols;
+        EXPECT_GT(plan.vec, 1) << cols;
+      } else {
+        EXPECT_EQ(plan.threads_per_row % 32, 0);
+      }
       if (plan.items > 0) {
         EXPECT_GE(int64_t{plan.threads_per_row} * plan.items * plan.vec, cols) << cols;
         EXPECT_LE(plan.items, kMaxItems);
