@@ -141,6 +141,19 @@ Rows as_rows(const at::Tensor& t) {
   return r;
 }
 
+bool rows_dense_in_memory(const at::Tensor& t) {
+  return t.dim() >= 1 && t.sym_stride(-1) == 1 && t.is_non_overlapping_and_dense();
+}
+
+Rows memory_order_rows(const at::Tensor& t) {
+  Rows r;
+  r.tensor = t;
+  r.cols = t.size(-1);
+  r.rows = r.cols == 0 ? 0 : t.numel() / r.cols;
+  r.row_stride = r.cols;
+  return r;
+}
+
 void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype) {
   TORCH_CHECK_TYPE(grad.scalar_type() == out_dtype, name, " must have the output's dtype (", out_dtype, "), got ",
                    grad.scalar_type());

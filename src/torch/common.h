@@ -61,6 +61,18 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t);
 // do not collapse into one row stride.
 Rows as_rows(const at::Tensor& t);
 
+// Whether t's rows fill its memory densely, each contiguous (non-overlapping and dense, the
+// last dim of stride 1): then a row-wise op with no per-row side input can walk the rows in
+// memory order, from t's data pointer, into an output with t's strides, without a copy. True
+// for every contiguous tensor and for permuted views such as diffusers' q.transpose(1, 2), a
+// [B, S, H, D] tensor read as [B, H, S, D] (whose rows do not collapse into one stride).
+// Symbolic-shape safe (Meta under torch.compile decides the output's strides the same way).
+bool rows_dense_in_memory(const at::Tensor& t);
+
+// t's rows in memory order (rows_dense_in_memory(t) must hold): row i is the i-th run of
+// t.size(-1) elements from t's data pointer.
+Rows memory_order_rows(const at::Tensor& t);
+
 // A backward op's gradient of an output: the output's dtype, x's device and shape; any layout
 // (autograd may pass an expanded view).
 void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype);

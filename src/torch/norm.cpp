@@ -105,7 +105,11 @@ void normalize_into(const char* op, NormType type, const at::Tensor& x, const Op
   const auto [w, b] = check_norm_args(op, x, nullptr, weight, bias, eps, params,
                                       out ? out->scalar_type() : at::ScalarType::Undefined);
   check_modulation(x, scale, shift);
-  const Rows rows = as_rows(x);
+  // Rows walked in memory order where out has x's strides (empty_norm_out): a permuted view is
+  // normalized where it lies. The modulated forms read a scale row per batch, found from the
+  // row's logical index, so they keep the logical order.
+  const bool memory_order = !scale && out && out->strides() == x.strides() && rows_dense_in_memory(x);
+  const Rows rows = memory_order ? memory_order_rows(x) : as_rows(x);
   if (rows.rows == 0) return;
   NormParams p = make_params(type, rows, w, b, eps, weight_offset, out);
   if (fp8) set_fp8_out(p, *fp8);
@@ -114,13 +118,23 @@ void normalize_into(const char* op, NormType type, const at::Tensor& x, const Op
   run(p, x, op);
 }
 
+// A norm's fresh output: with x's strides where x's rows are dense in memory and the norm is
+// not modulated (normalize_into then walks the rows in memory order: diffusers' q/k norms of
+// q.transpose(1, 2) read and write in place of a copy first), else contiguous. The CUDA, CPU
+// and Meta implementations all lay it out so.
+at::Tensor empty_norm_out(const at::Tensor& x, at::ScalarType dtype, bool modulated) {
+  const auto options = x.options().dtype(dtype);
+  return !modulated && rows_dense_in_memory(x) ? at::empty_strided_symint(x.sym_sizes(), x.sym_strides(), options)
+                                               : at::empty_symint(x.sym_sizes(), options);
+}
+
 // A fresh tensor holding x normalized (normalize_into with a new out of x's dtype, or of
 // out_dtype where the op has one).
 at::Tensor normalized(const char* op, NormType type, const at::Tensor& x, const OptTensor& weight,
                       const OptTensor& bias, double eps, double weight_offset,
                       const at::Tensor* scale = nullptr, const at::Tensor* shift = nullptr,
                       Params params = Params::kLikeX, std::optional<at::ScalarType> out_dtype = std::nullopt) {
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(norm_out_dtype(op, x, out_dtype)));
+  at::Tensor out = empty_norm_out(x, norm_out_dtype(op, x, out_dtype), scale != nullptr);
   normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, &out, nullptr, params);
   return out;
 }
@@ -312,13 +326,13 @@ at::Tensor rms_norm_meta(const at::Tensor& x, const OptTensor& weight, double ep
                          std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType dtype = norm_out_dtype("rms_norm", x, out_dtype);
   check_norm_args("rms_norm", x, nullptr, weight, std::nullopt, eps, Params::kLikeXOrFloat32, dtype);
-  return at::empty_symint(x.sym_sizes(), x.options().dtype(dtype));
+  return empty_norm_out(x, dtype, false);
 }
 
 at::Tensor layer_norm_meta(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias,
                            double eps) {
   check_norm_args("layer_norm", x, nullptr, weight, bias, eps, Params::kLikeXOrFloat32);
-  return empty_like_x(x);
+  return empty_norm_out(x, x.scalar_type(), false);
 }
 
 at::Tensor adaln_rms_norm_meta(const at::Tensor& x, const at::Tensor& scale,

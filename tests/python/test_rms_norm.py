@@ -28,6 +28,33 @@ def test_matches_formula(device, dtype, hidden, rows, with_weight):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_permuted_view_keeps_its_layout(device, dtype, op):
+    """diffusers' processors norm q.transpose(1, 2), a [B, S, H, D] tensor read as [B, H, S, D]:
+    its rows are dense in memory but do not collapse into one stride. The norm walks them in
+    memory order (no copy first) and returns x's strides, as the Meta function says; values as
+    the formula at every position."""
+    x = torch.randn(2, 37, 3, 64, dtype=dtype, device=device).transpose(1, 2)
+    weight = torch.randn(64, dtype=dtype, device=device)
+    if op == "rms_norm":
+        out, ref = ltx_kernels.rms_norm(x, weight, 1e-6), rms_norm_formula(x, weight)
+    else:
+        out, ref = ltx_kernels.layer_norm(x, weight, None, 1e-5), torch.nn.functional.layer_norm(
+            x.double(), (64,), weight.double(), None, 1e-5)
+    assert out.shape == x.shape and out.stride() == x.stride()
+    assert_close(out, ref, dtype)
+    fake = getattr(torch.ops.ltx_kernels, op)(x.to("meta"), weight.to("meta"), *(
+        (1e-6, 0.0, None) if op == "rms_norm" else (None, 1e-5)))
+    assert fake.stride() == x.stride()
+    # a view whose rows are not dense (every other head) still gets a contiguous output
+    sparse = x[:, ::2]
+    out = ltx_kernels.rms_norm(sparse, weight, 1e-6)
+    assert out.is_contiguous()
+    assert_close(out, rms_norm_formula(sparse, weight), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [64, 96, 128])
 @pytest.mark.parametrize("rows", [5, 33, 1000])
 @pytest.mark.parametrize("layout", ["contiguous", "row_strided"])
