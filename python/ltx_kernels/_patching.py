@@ -328,11 +328,13 @@ def nothing_to_patch(integration: str, message: str, strict: bool) -> Report:
 
 
 def _trains(kind: str) -> bool:
-    """Whether a report kind's module has a backward: it names our ops in parentheses (e.g.
-    'RMSNorm (rms_norm)') and each has a registered ``<op>_backward``."""
+    """Whether a report kind's module has a backward: each of our ops it names in parentheses
+    (e.g. 'RMSNorm (rms_norm)') has a registered ``<op>_backward``. A kind that names none runs
+    torch ops and stock submodules only (SD3's joint-attention processor reorders them), which
+    train as stock."""
     inside = " ".join(re.findall(r"\(([^)]*)\)", kind))
     named = [word for word in re.findall(r"[a-z0-9_]+", inside) if hasattr(_ops, word)]
-    return bool(named) and all(hasattr(_ops, f"{word}_backward") for word in named)
+    return all(hasattr(_ops, f"{word}_backward") for word in named)
 
 
 def unpatch_all(model: nn.Module) -> int:

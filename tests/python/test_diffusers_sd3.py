@@ -86,3 +86,36 @@ def test_remove_compile_and_training():
     assert lkd.remove(model) > 0 and not any(is_patched(m) for m in model.modules())
 
     assert_trains_like_stock(stock, sd3_kwargs())
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_joint_attention_processor_matches_stock_and_reaches_our_backend(dual):
+    """Every joint attention (and SD3.5's second attention) takes our processor; the output is
+    stock's; inject(attention="bf16") then runs our attention op through diffusers' dispatcher
+    (stock's processor calls SDPA directly, so no backend reached it), within its rounding."""
+    stock = tiny_sd3(dual)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[sd3.ATTN_KIND] == 2 + dual, report
+    assert all(type(b.attn.processor) is sd3.SD3KernelsJointAttnProcessor for b in model.transformer_blocks)
+    with torch.no_grad():
+        ref = stock(**sd3_kwargs())[0]
+        assert rel_err(model(**sd3_kwargs())[0], ref) < 1e-5
+        backend = copy.deepcopy(stock)
+        inject_quietly(backend, attention="bf16")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = backend(**sd3_kwargs())[0]
+        assert any(e.key == "ltx_kernels::attention" for e in prof.key_averages())
+        assert rel_err(out, ref) < 1e-2
+
+
+def test_fused_qkv_attention_stays_stock_and_is_reported():
+    """fuse_qkv_projections gives the attention diffusers' FusedJointAttnProcessor2_0: not ours."""
+    stock = tiny_sd3()
+    stock.fuse_qkv_projections()
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[sd3.ATTN_KIND] == 0 and report.patched[sd3.BLOCK_KIND] == 2, report
+    assert any("FusedJointAttnProcessor2_0" in s for s in report.skipped), report.skipped
+    with torch.no_grad():
+        assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5

@@ -3,7 +3,16 @@ with each ``x + gate * branch`` as one ``gated_residual`` and norm2 + modulation
 ``adaln_layer_norm`` (:func:`ltx_kernels.integrations.diffusers.flux.feed_forward_update`), for the image stream, the
 text stream (absent in the last block, ``context_pre_only``) and SD3.5's second attention
 (``use_dual_attention``). The AdaLN-Zero norms are patched by class (:mod:`ltx_kernels.integrations.diffusers.flux`),
-QK RMSNorms and the GELU-tanh feed-forwards too; attention stays diffusers'.
+QK RMSNorms and the GELU-tanh feed-forwards too.
+
+The joint attention (stock ``JointAttnProcessor2_0``) takes our processor: the same steps with
+q, k and v kept ``[B, S, H, D]`` as the projections give them. Stock transposes them to
+``[B, H, S, D]`` first, so its q/k norms read strided rows, its concatenation of the image and
+text tokens gathers three strided tensors, and its attention output is transposed back with a
+copy; here the norms read contiguous rows, the concatenation copies contiguous blocks, and the
+output is split with no transpose. Attention goes through diffusers' dispatcher, so
+``inject(attention=...)`` and ``set_attention_backend`` reach it (stock calls SDPA directly). As
+stock, it applies no attention mask.
 """
 
 from __future__ import annotations
@@ -12,12 +21,58 @@ import torch
 from torch import nn
 
 from ltx_kernels import ops
-from ltx_kernels._patching import is_patched
+from ltx_kernels._patching import ProcessorOverStock, is_patched
 from ltx_kernels.integrations.family import Family
 
-from .flux import feed_forward_update, patch_blocks, plain_layer_norm
+from .flux import feed_forward_update, patch_blocks, patch_processors, plain_layer_norm
 
 BLOCK_KIND = "JointTransformerBlock (gated_residual, adaln_layer_norm)"
+ATTN_KIND = "SD3 joint attention ([B, S, H, D] layout, diffusers' dispatcher)"
+
+
+class SD3KernelsJointAttnProcessor(ProcessorOverStock):
+    """diffusers' ``JointAttnProcessor2_0`` with q, k and v in the projections' ``[B, S, H, D]``
+    layout (image tokens, then text), attention through diffusers' dispatcher."""
+
+    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
+                 attention_mask=None, *args, **kwargs):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.unflatten(-1, (attn.heads, -1))
+
+        query, key, value = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        if encoder_hidden_states is not None:
+            context_query = heads(attn.add_q_proj(encoder_hidden_states))
+            context_key = heads(attn.add_k_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                context_query = attn.norm_added_q(context_query)
+            if attn.norm_added_k is not None:
+                context_key = attn.norm_added_k(context_key)
+            query = torch.cat([query, context_query], dim=1)
+            key = torch.cat([key, context_key], dim=1)
+            value = torch.cat([value, heads(attn.add_v_proj(encoder_hidden_states))], dim=1)
+        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = out.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is None:
+            return attn.to_out[1](attn.to_out[0](out))
+        image, context = out.split_with_sizes([hidden_states.shape[1], encoder_hidden_states.shape[1]], dim=1)
+        if not attn.context_pre_only:
+            context = attn.to_add_out(context.contiguous())
+        return attn.to_out[1](attn.to_out[0](image.contiguous())), context
+
+
+def _attn_problem(attn: nn.Module) -> str | None:
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    if type(attn.processor) is not JointAttnProcessor2_0:
+        return f"its processor is {type(attn.processor).__name__} (its attention stays its own)"
+    return None
 
 
 def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -67,10 +122,15 @@ def _model_classes() -> tuple[type, ...]:
 
 
 def patch_model(model: nn.Module, report, options) -> None:
-    """Patches ``model``'s joint blocks (the AdaLN norms are patched by class)."""
+    """Patches ``model``'s joint blocks and their attention processors (SD3.5's second attention
+    too); the AdaLN norms are patched by class."""
     if any(is_patched(block) for block in model.transformer_blocks):
         return
     patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
+    blocks = model.transformer_blocks
+    patch_processors(model, blocks, "attn", _attn_problem, SD3KernelsJointAttnProcessor, ATTN_KIND, report)
+    patch_processors(model, [b for b in blocks if b.use_dual_attention], "attn2", _attn_problem,
+                     SD3KernelsJointAttnProcessor, ATTN_KIND, report)
 
 
 FAMILY = Family("Stable Diffusion 3", _model_classes, patch_model)
