@@ -19,7 +19,7 @@ import torch
 
 from ltx_kernels.bench import harness
 from ltx_kernels.bench.flux_e2e import add_run_arguments, markdown, run
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes
+from ltx_kernels.bench.ltx_e2e import available_modes
 
 _XL = dict(num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8, num_layers=28, patch_size=2)
 _TINY = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=2, patch_size=2,
@@ -49,14 +49,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
     import diffusers
 
     cls, kwargs, _, _ = CONFIGS[config]
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            return getattr(diffusers, cls)(**kwargs).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default_dtype)
+    return harness.random_model(getattr(diffusers, cls), kwargs, dtype, device)
 
 
 def step_inputs(model, config: str, size: int, device) -> dict:
@@ -99,11 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return random_transformer(args.config, torch.bfloat16, "cuda")
 
-    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
     # image tokens: the latent (8 pixels each) in patches (the latents are [B, C, H, W]: not
     # the token count run() reads from FLUX's packed hidden_states)
     tokens = (size // 8 // config["patch_size"]) ** 2
-    rows = run(stock, fresh, lambda model: step_inputs(model, args.config, size, "cuda"), modes, args.reps, tokens)
+    rows = run(fresh, lambda model: step_inputs(model, args.config, size, "cuda"), modes, args.reps, tokens)
     title = (f"{cls} ({args.config}), random weights, bf16, CFG batch 2, {size}x{size}"
              + (f", {text} text tokens" if text else ", class-conditional"))
     harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)

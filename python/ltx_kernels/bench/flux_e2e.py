@@ -36,14 +36,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
     """FluxTransformer2DModel with random weights, built in ``dtype`` on ``device``."""
     from diffusers import FluxTransformer2DModel
 
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            return FluxTransformer2DModel(**CONFIGS[config]).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default_dtype)
+    return harness.random_model(FluxTransformer2DModel, CONFIGS[config], dtype, device)
 
 
 def step_inputs(model, height: int, width: int, text_tokens: int, device) -> dict:
@@ -64,12 +57,14 @@ def step_inputs(model, height: int, width: int, text_tokens: int, device) -> dic
     )
 
 
-def run(stock, fresh, inputs, modes, reps: int, tokens: int | None = None) -> list[dict]:
-    """Times one step per mode: ``stock`` (None if only quantized modes run) for the others,
-    ``fresh()`` a new model for each quantized one, ``inputs(model)`` the step's kwargs, ``tokens``
+def run(fresh, inputs, modes, reps: int, tokens: int | None = None) -> list[dict]:
+    """Times one step per mode: ``fresh()`` builds the model, once for the modes that keep the
+    weights (not at all if only quantized modes run, so that their peak memory is their own) and
+    anew for each quantized one; ``inputs(model)`` the step's kwargs, ``tokens``
     the image tokens the report names (default: dimension 1 of the kwargs' ``hidden_states``,
     FLUX's packed tokens; a UNet takes ``sample`` instead). Shared by the image-model benchmarks."""
     reference, rows = None, []
+    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
     for mode, model in each_mode(stock, fresh, modes):
         kw = inputs(model)
         row = {"mode": mode, "tokens": tokens or kw["hidden_states"].shape[1]}
@@ -130,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     def inputs(model):
         return step_inputs(model, args.height, args.width, args.text_tokens, "cuda")
 
-    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
-    rows = run(stock, fresh, inputs, modes, args.reps)
+    rows = run(fresh, inputs, modes, args.reps)
     title = (f"FLUX.1-{args.config} transformer, random weights, bf16, batch 1, {args.text_tokens} text tokens, "
              f"{args.height}x{args.width}")
     harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)

@@ -96,6 +96,21 @@ def peak_memory_gib(cuda: bool) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process RSS"
 
 
+def random_model(cls: type, config: dict, dtype: torch.dtype, device, seed: int = 0) -> torch.nn.Module:
+    """``cls(**config)`` with seeded random weights, built in ``dtype`` on ``device`` (as
+    ``from_pretrained(torch_dtype=...)`` builds it; on the GPU a 10 B model takes seconds, on the
+    CPU minutes; ``"meta"``: shapes only), in eval mode without gradients."""
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = cls(**config)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    return model.eval().requires_grad_(False)
+
+
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype ``model`` computes in: that of most of its parameters' elements stored in 16 or
     32 bits. Not simply the first parameter's: after ``inject(precision="fp8")`` a linear's

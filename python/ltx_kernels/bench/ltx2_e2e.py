@@ -22,7 +22,7 @@ import torch
 
 from ltx_kernels.bench import harness
 from ltx_kernels.bench.flux_e2e import add_run_arguments, markdown, run
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes
+from ltx_kernels.bench.ltx_e2e import available_modes
 
 # name -> (config, (frames, height, width, fps) default, text tokens)
 CONFIGS = {
@@ -38,14 +38,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
     """LTX2VideoTransformer3DModel with random weights, built in ``dtype`` on ``device``."""
     from diffusers import LTX2VideoTransformer3DModel
 
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            return LTX2VideoTransformer3DModel(**CONFIGS[config][0]).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default_dtype)
+    return harness.random_model(LTX2VideoTransformer3DModel, CONFIGS[config][0], dtype, device)
 
 
 def latent_shape(model, frames: int, height: int, width: int, fps: float) -> tuple[int, int, int, int]:
@@ -91,12 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return random_transformer(args.config, torch.bfloat16, "cuda")
 
-    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
-
     def inputs(model):
         return step_inputs(model, frames, height, width, fps, text, "cuda")
 
-    rows = run(stock, fresh, inputs, modes, args.reps)
+    rows = run(fresh, inputs, modes, args.reps)
     title = (f"LTX2VideoTransformer3DModel ({args.config}), random weights, bf16, CFG batch 2, {frames} frames "
              f"{width}x{height} at {fps:g} fps with audio, {text} text tokens per stream")
     harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)

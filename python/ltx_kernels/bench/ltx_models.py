@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ltx_kernels.bench import harness
+
 CONFIGS = {
     "tiny": dict(
         in_channels=8, out_channels=8, num_attention_heads=4, attention_head_dim=10,
@@ -48,15 +50,7 @@ def random_transformer(config: str, dtype: torch.dtype, device, seed: int = 0):
     (initialising 2B parameters on the CPU takes a minute; on the GPU, a second)."""
     from diffusers import LTXVideoTransformer3DModel
 
-    torch.manual_seed(seed)
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # built in the dtype, as from_pretrained(torch_dtype=...) does
-    try:
-        with torch.device(device):
-            model = LTXVideoTransformer3DModel(**CONFIGS[config])
-    finally:
-        torch.set_default_dtype(default_dtype)
-    return model.eval().requires_grad_(False)
+    return harness.random_model(LTXVideoTransformer3DModel, CONFIGS[config], dtype, device, seed)
 
 
 def latent_grid(num_frames: int, height: int, width: int) -> tuple[int, int, int]:

@@ -22,7 +22,7 @@ import torch
 
 from ltx_kernels.bench import harness
 from ltx_kernels.bench.flux_e2e import add_run_arguments, markdown, run
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes
+from ltx_kernels.bench.ltx_e2e import available_modes
 
 # Both text encoders are CLIP's, padded to 77 tokens.
 TEXT_TOKENS = 77
@@ -54,14 +54,7 @@ def random_unet(config: str, dtype: torch.dtype, device):
     (``"meta"``: shapes only)."""
     from diffusers import UNet2DConditionModel
 
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            return UNet2DConditionModel(**CONFIGS[config][0]).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(default_dtype)
+    return harness.random_model(UNet2DConditionModel, CONFIGS[config][0], dtype, device)
 
 
 def step_inputs(model, size: int, device) -> dict:
@@ -108,10 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return random_unet(args.config, torch.bfloat16, "cuda")
 
-    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
     # Read from a weightless copy: stock is None when only the quantized modes run.
     tokens = attention_tokens(random_unet(args.config, torch.bfloat16, "meta"), size)
-    rows = run(stock, fresh, lambda model: step_inputs(model, size, "cuda"), modes, args.reps, tokens)
+    rows = run(fresh, lambda model: step_inputs(model, size, "cuda"), modes, args.reps, tokens)
     title = (f"UNet2DConditionModel ({args.config}), random weights, bf16, CFG batch 2, {TEXT_TOKENS} text tokens, "
              f"{size}x{size}, {size // 8}x{size // 8} latents, largest attention level")
     harness.write_report(markdown(rows, meta, title, args.reps), meta, rows, args.json, args.markdown)

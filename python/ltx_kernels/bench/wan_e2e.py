@@ -19,7 +19,7 @@ import torch
 
 from ltx_kernels.bench import harness
 from ltx_kernels.bench.flux_e2e import add_run_arguments, markdown, run
-from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes
+from ltx_kernels.bench.ltx_e2e import available_modes
 
 # name -> (config, (frames, height, width) default, text tokens)
 CONFIGS = {
@@ -39,14 +39,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
     ``_keep_in_fp32_modules`` in fp32 as ``from_pretrained(torch_dtype=dtype)`` leaves them."""
     from diffusers import WanTransformer3DModel
 
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = WanTransformer3DModel(**CONFIGS[config][0])
-    finally:
-        torch.set_default_dtype(default_dtype)
+    model = harness.random_model(WanTransformer3DModel, CONFIGS[config][0], dtype, device)
     keep = set(model._keep_in_fp32_modules or ())
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] in keep:
@@ -54,7 +47,7 @@ def random_transformer(config: str, dtype: torch.dtype, device):
     for name, p in model.named_parameters():
         if name.rsplit(".", 1)[-1] in keep:
             p.data = p.data.float()
-    return model.eval().requires_grad_(False)
+    return model
 
 
 def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
@@ -101,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     def fresh():
         return random_transformer(args.config, torch.bfloat16, "cuda")
 
-    stock = fresh() if any(m not in QUANTIZED for m in modes) else None
-    rows = run(stock, fresh, lambda model: step_inputs(model, frames, height, width, text, "cuda"), modes,
+    rows = run(fresh, lambda model: step_inputs(model, frames, height, width, text, "cuda"), modes,
                args.reps, tokens(args.config, frames, height, width))
     title = (f"WanTransformer3DModel ({args.config}), random weights, bf16 (fp32 where diffusers keeps it), batch 1 "
              f"(one of a CFG step's two forwards), {frames} frames {width}x{height}, {text} text tokens")
