@@ -119,3 +119,66 @@ def test_fused_qkv_attention_stays_stock_and_is_reported():
     assert any("FusedJointAttnProcessor2_0" in s for s in report.skipped), report.skipped
     with torch.no_grad():
         assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
+
+
+def _lora(model):
+    from peft import LoraConfig
+
+    torch.manual_seed(1)  # the same random adapter weights for the stock and the injected model
+    model.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights=False,
+                                 target_modules=["to_q", "to_k", "to_v", "add_q_proj", "to_out.0"]))
+
+
+# Features a user turns on beside inject, in either order, through our joint-attention processor.
+COMPOSE = {
+    "layerwise_casting_fp8": lambda model: model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
+                                                                          compute_dtype=torch.float32),
+    "group_offload_block_level": lambda model: model.enable_group_offload(torch.device("cpu"),
+                                                                          offload_type="block_level",
+                                                                          num_blocks_per_group=1),
+    "forward_hooks_on_qk_norms": lambda model: [
+        block.attn.get_submodule(name).register_forward_hook(lambda module, args, output: output * 1.5)
+        for block in model.transformer_blocks for name in ("norm_q", "norm_added_k")],
+    "lora": _lora,
+}
+
+
+@pytest.mark.parametrize("order", ["feature_then_inject", "inject_then_feature"])
+@pytest.mark.parametrize("feature", COMPOSE)
+@torch.no_grad()
+def test_features_compose_with_inject(feature, order):
+    base = tiny_sd3(dual=True)
+    plain = base(**sd3_kwargs())[0]
+    stock = copy.deepcopy(base)
+    COMPOSE[feature](stock)
+    expected = stock(**sd3_kwargs())[0]
+    if feature != "group_offload_block_level":  # the feature changes the output: it is active
+        assert rel_err(expected, plain) > 1e-2, "the feature does nothing here: the test would prove nothing"
+    model = copy.deepcopy(base)
+    if order == "feature_then_inject":
+        COMPOSE[feature](model)
+    report = inject_quietly(model)
+    if order == "inject_then_feature":
+        COMPOSE[feature](model)
+    assert report.patched[sd3.ATTN_KIND] == 3, report
+    assert rel_err(model(**sd3_kwargs())[0], expected) < 1e-5
+    assert lkd.remove(model) > 0
+    assert torch.equal(model(**sd3_kwargs())[0], expected)
+
+
+@torch.no_grad()
+def test_user_processor_and_backend_after_inject():
+    """set_attn_processor after inject replaces ours (stock output again); set_attention_backend
+    after inject reaches ours and the stock processor beneath it."""
+    from diffusers.models.attention_processor import JointAttnProcessor2_0
+
+    stock = tiny_sd3()
+    model = copy.deepcopy(stock)
+    inject_quietly(model)
+    model.set_attention_backend("native")
+    ours = model.transformer_blocks[0].attn.processor
+    assert isinstance(ours, sd3.SD3KernelsJointAttnProcessor)
+    assert ours._attention_backend is not None and ours._stock._attention_backend is ours._attention_backend
+    model.set_attn_processor(JointAttnProcessor2_0())
+    assert type(model.transformer_blocks[0].attn.processor) is JointAttnProcessor2_0
+    assert rel_err(model(**sd3_kwargs())[0], stock(**sd3_kwargs())[0]) < 1e-5
