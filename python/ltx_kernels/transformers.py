@@ -50,6 +50,7 @@ from ltx_kernels._patching import (
     unpatch_all,
     unsupported_reason,
 )
+from ltx_kernels.integrations.transformers import falcon
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -70,8 +71,9 @@ _MODULES = {"gemma3_text": "gemma3"}
 _FUSED_DECODER_LAYERS = ("llama", "mistral", "qwen2", "qwen3", "gemma")
 # The config attribute naming the MLP's activation (Gemma 2 and 3 read hidden_activation).
 _ACTIVATION_ATTRIBUTE = {"gemma2": "hidden_activation", "gemma3_text": "hidden_activation"}
-# Architectures whose LayerNorms alone are patched (torch.nn.LayerNorm -> layer_norm); the rest
-# of the model (Falcon: fused QKV attention and its RoPE, a GELU MLP) stays stock.
+# Architectures whose LayerNorms are patched (torch.nn.LayerNorm -> layer_norm), with their own
+# module for the rest (Falcon: integrations.transformers.falcon, its causal attention; its GELU
+# MLP stays stock).
 LAYER_NORM_MODEL_TYPES = ("falcon",)
 # Gemma's RMSNorm scales by (1 + weight) in fp32 and rounds once.
 _WEIGHT_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3_text": 1.0}
@@ -322,8 +324,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
 
 
 def _patch_layer_norms(model: nn.Module, model_type: str, report: Report) -> None:
-    report.notes.append(f"model_type {model_type!r}: its LayerNorms run layer_norm; attention, RoPE and the "
-                        "MLP stay stock")
+    report.notes.append(f"model_type {model_type!r}: its LayerNorms run layer_norm; its MLP stays stock")
     for name, module in model.named_modules():
         if type(module) is not nn.LayerNorm:
             continue
@@ -382,8 +383,12 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     ``logits=None`` (the ``[tokens, vocab]`` logits are never built); see
     ``ltx_kernels._causal_lm_loss`` for when it stays stock.
 
-    Falcon (``model_type="falcon"``): its ``torch.nn.LayerNorm`` modules run ``layer_norm``; its
-    attention, RoPE and MLP stay stock (said in ``report.notes``).
+    Falcon (``model_type="falcon"``): its ``torch.nn.LayerNorm`` modules run ``layer_norm``; with
+    rotary embeddings, a call whose mask is the plain causal one (no padding, an empty cache)
+    runs its attention as SDPA's causal FlashAttention over grouped heads, with our
+    ``apply_rotary_pos_emb``, instead of a materialized mask that sends multi-query attention to
+    SDPA's math backend (:mod:`ltx_kernels.integrations.transformers.falcon`); any other call,
+    and ALiBi models, run stock's attention. Its MLP stays stock (said in ``report.notes``).
 
     A model apply would not change (a model_type outside the families above, no ``*RMSNorm``
     module, ``precision="bf16"``) raises a ValueError naming its class, model_type and the
@@ -399,7 +404,7 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
     if _nothing_to_patch(model, model_type, precision):
         message = (f"apply: nothing to patch in {type(model).__name__} (model_type {model_type!r}): ltx_kernels "
                    f"supports the model types {', '.join(sorted(FAMILIES))} and {', '.join(LAYER_NORM_MODEL_TYPES)} "
-                   "(its LayerNorms only), RMSNorm modules of any model, and "
+                   "(its LayerNorms and causal attention), RMSNorm modules of any model, and "
                    "any model's linears with precision='fp8'")
         return nothing_to_patch("transformers", message, strict)
     report = Report()
@@ -413,6 +418,7 @@ def apply(model: nn.Module, precision: str = "bf16", fp8_skip=_fp8.DEFAULT_LLM_F
             _causal_lm_loss.patch_causal_lm(model, report)
         elif model_type in LAYER_NORM_MODEL_TYPES:
             _patch_layer_norms(model, model_type, report)
+            falcon.patch_attention(model, report)
         else:
             _patch_norms_by_class_name(model, model_type, report)
         if precision == "fp8":

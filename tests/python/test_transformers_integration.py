@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticC
 import ltx_kernels.transformers as lt  # noqa: E402
 from ltx_kernels import _forwards  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
+from ltx_kernels.integrations.transformers import falcon  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"]
 # Families whose decoder layers run fused_add_rms_norm (Gemma 2 and 3 norm before each residual
@@ -269,27 +270,131 @@ def tiny_falcon(seed=0, **config):
 
 
 FALCON_VARIANTS = {
-    "7b": dict(new_decoder_architecture=False, parallel_attn=True),  # one LayerNorm per layer
+    "7b": dict(new_decoder_architecture=False, parallel_attn=True),  # one LayerNorm, multi-query
     "40b": dict(new_decoder_architecture=True, num_kv_heads=2),  # ln_attn and ln_mlp
+    "mha": dict(new_decoder_architecture=False, multi_query=False, parallel_attn=False),
     "rw-alibi": dict(new_decoder_architecture=False, parallel_attn=False, alibi=True),
 }
+ROTARY_FALCONS = ["7b", "40b", "mha"]
+
+
+def falcon_report(model, variant):
+    if variant in ROTARY_FALCONS:
+        return apply_quietly(model)
+    with pytest.warns(UserWarning, match="ALiBi attention .* stays stock"):
+        return lt.apply(model)
+
+
+def sdpa_spy(monkeypatch):
+    """Records the keyword arguments of every SDPA call (stock's and ours)."""
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def masked_calls(calls):
+    return sum(c.get("attn_mask") is not None for c in calls)
 
 
 @pytest.mark.parametrize("variant", FALCON_VARIANTS)
 def test_falcon_layer_norms(variant):
-    """Falcon: every LayerNorm runs layer_norm (the count checked), the rest stays stock, logits
-    match stock in fp32, and remove() restores the stock forwards."""
+    """Falcon: every LayerNorm runs layer_norm (the count checked), rotary models' attention and
+    model forwards are patched (ALiBi's reported), logits match stock in fp32 with padding, and
+    remove() restores the stock forwards."""
     model = tiny_falcon(**FALCON_VARIANTS[variant])
     ids, mask = prompt()
     stock = logits(model, ids, mask)
-    report = apply_quietly(model)
+    report = falcon_report(model, variant)
     norms = [m for m in model.modules() if type(m) is torch.nn.LayerNorm]
-    assert dict(report.patched) == {"LayerNorm (layer_norm)": len(norms)} and len(norms) >= 3
+    expected = {"LayerNorm (layer_norm)": len(norms)}
+    if variant in ROTARY_FALCONS:
+        expected.update({falcon.MODEL_KIND: 1, falcon.ATTENTION_KIND: 2})
+    assert dict(report.patched) == expected and len(norms) >= 3
     assert report.notes[0].startswith("model_type 'falcon': its LayerNorms run layer_norm")
     assert all(m.forward.__func__ is _forwards.layer_norm_forward for m in norms)
     assert rel(logits(model, ids, mask), stock, mask) < 1e-5
-    assert lt.remove(model) == len(norms)
+    assert lt.remove(model) == sum(expected.values())
+    assert not any("forward" in m.__dict__ for m in model.modules())
     assert torch.equal(logits(model, ids, mask), stock)
+
+
+@pytest.mark.parametrize("variant", ROTARY_FALCONS)
+def test_falcon_causal_prefill_skips_the_mask(variant, monkeypatch):
+    """A call whose mask is the plain causal one (none, all ones, positions 0..S-1) runs SDPA
+    causal without a mask (FlashAttention on the GPU) and matches stock; padding, packed
+    positions and a non-empty cache keep stock's masked SDPA."""
+    model = tiny_falcon(**FALCON_VARIANTS[variant])
+    ids, mask = prompt()
+    ones = torch.ones_like(mask)
+    with torch.no_grad():
+        stock = {name: model(input_ids=ids, **kw).logits for name, kw in (
+            ("none", {}), ("ones", dict(attention_mask=ones)), ("padded", dict(attention_mask=mask)),
+            ("positions", dict(position_ids=torch.arange(ids.shape[1]).expand(2, -1))))}
+        packed = torch.cat([torch.arange(5), torch.arange(ids.shape[1] - 5)]).expand(2, -1)
+        stock["packed"] = model(input_ids=ids, position_ids=packed).logits
+        apply_quietly(model)
+        calls = sdpa_spy(monkeypatch)
+        for name, kw, mask_free in (("none", {}, True), ("ones", dict(attention_mask=ones), True),
+                                    ("positions", dict(position_ids=torch.arange(ids.shape[1]).expand(2, -1)), True),
+                                    ("padded", dict(attention_mask=mask), False),
+                                    ("packed", dict(position_ids=packed), False)):
+            calls.clear()
+            out = model(input_ids=ids, **kw).logits
+            keep = mask if name == "padded" else ones
+            assert rel(out, stock[name], keep) < 1e-5, name
+            assert len(calls) == 2 and masked_calls(calls) == (0 if mask_free else 2), name
+            if mask_free:
+                assert all(c["is_causal"] for c in calls)
+        # prefill into a cache, then decode: the prefill runs mask-free, each decode step stock's
+        calls.clear()
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        assert masked_calls(calls) == 0
+        last = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits
+        assert masked_calls(calls) == 2
+        assert rel(last, stock["none"][:, -1:], ones[:, -1:]) < 1e-5
+
+
+@pytest.mark.parametrize("variant", ["7b", "40b"])
+def test_falcon_fp32_greedy_generate_identical(variant):
+    model = tiny_falcon(**FALCON_VARIANTS[variant])
+    ids, mask = prompt()
+    for attention_mask in (mask, torch.ones_like(mask)):
+        kwargs = dict(attention_mask=attention_mask, max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                      pad_token_id=0)
+        with torch.no_grad():
+            stock = model.generate(ids, **kwargs)
+            apply_quietly(model)
+            patched = model.generate(ids, **kwargs)
+            lt.remove(model)
+        assert torch.equal(patched, stock)
+
+
+@pytest.mark.parametrize("checkpointing", [None, "reentrant", "non-reentrant"])
+def test_falcon_mask_free_gradients_match_stock(checkpointing):
+    """Training on unpadded batches takes the mask-free path, under gradient checkpointing too
+    (the recomputation sees the same attention_mask=None): every gradient as stock's."""
+    ids, _ = prompt()
+    grads = []
+    for patched in (False, True):
+        model = tiny_falcon(**FALCON_VARIANTS["7b"]).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=dict(use_reentrant=checkpointing == "reentrant"))
+        if patched:
+            apply_quietly(model)
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    stock, ours = grads
+    assert stock.keys() == ours.keys()
+    for name in stock:
+        assert ours[name] is not None, name
+        assert (ours[name] - stock[name]).norm() <= 1e-4 * stock[name].norm() + 1e-7, name
 
 
 def test_falcon_bf16_no_worse_than_stock_and_trains():
@@ -378,9 +483,14 @@ def test_cuda_generate_matches_stock_bf16_closely():
 
 
 def test_falcon_compiles_without_graph_breaks():
+    """Both paths trace whole: masked (stock's attention) and mask-free (ours)."""
     model = tiny_falcon(**FALCON_VARIANTS["7b"])
     ids, mask = prompt()
     stock = logits(model, ids, mask)
+    with torch.no_grad():
+        stock_causal = model(input_ids=ids).logits
     apply_quietly(model)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     assert rel(logits(compiled, ids, mask), stock, mask) < 1e-5
+    with torch.no_grad():
+        assert rel(compiled(input_ids=ids).logits, stock_causal, torch.ones_like(mask)) < 1e-5
