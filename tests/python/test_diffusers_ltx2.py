@@ -1,7 +1,9 @@
-"""LTX-2 (diffusers' LTX2VideoTransformer3DModel, video + audio) under inject (issue 20), a first
-step with no family module of its own: the by-class patches (its RMSNorms, q/k norms across
-heads, GELU-tanh feed-forwards) and our attention backend on its processors, against the stock
-model: fp32 within rounding, bf16 no worse than stock, training, remove(), fullgraph compile."""
+"""LTX-2 (diffusers' LTX2VideoTransformer3DModel, video + audio) under inject (issue 20): its
+family module (integrations/diffusers/ltx2.py: blocks on adaln_rms_norm / gated_residual, the
+interleaved-RoPE processors on rms_norm / ltx_rope), the by-class patches (RMSNorms, GELU-tanh
+feed-forwards) and our attention backend, against the stock model: fp32 within rounding, bf16
+no worse than stock, training, remove(), fullgraph compile; LTX-2.3's gated attention and
+cross-attention modulation; split RoPE and perturbed attention reported and left stock."""
 
 import copy
 
@@ -15,13 +17,14 @@ from diffusers import LTX2VideoTransformer3DModel  # noqa: E402
 from diffusers.models.normalization import RMSNorm  # noqa: E402
 
 import ltx_kernels.diffusers as lkd  # noqa: E402
+from ltx_kernels.integrations.diffusers import ltx2  # noqa: E402
 from test_diffusers_flux import assert_trains_like_stock, inject_quietly  # noqa: E402
 
 LAYERS = 2
 B, FRAMES, HEIGHT, WIDTH, AUDIO_FRAMES, TEXT = 2, 2, 4, 4, 5, 7
 
 
-def tiny_ltx2(seed=0):
+def tiny_ltx2(seed=0, **config):
     """fp32 tiny LTX-2 transformer (2 blocks, video and audio: 2 heads of 8), its weights
     randomized so that every norm, gate and modulation matters."""
     torch.manual_seed(seed)
@@ -29,6 +32,7 @@ def tiny_ltx2(seed=0):
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
         audio_cross_attention_dim=16, num_layers=LAYERS, caption_channels=16, norm_elementwise_affine=True,
+        **config,
     ).eval()  # fmt: skip
     with torch.no_grad():
         for p in model.parameters():
@@ -61,9 +65,46 @@ def test_matches_stock_fp32(attention):
     assert report.patched["RMSNorm (rms_norm)"] == len(norms) > 0
     assert report.patched["torch.nn.RMSNorm (rms_norm)"] == len(torch_norms) > 0
     assert report.patched["GELU tanh (linear_gelu_tanh)"] == 2 * LAYERS  # video and audio FF
+    assert report.patched[ltx2.BLOCK_KIND] == LAYERS
+    # per block: self, text cross and audio-video attention of each stream
+    assert report.patched[ltx2.ATTN_KIND] == 6 * LAYERS
+    assert all(type(m.processor) is ltx2.LTX2KernelsAttnProcessor for m in model.modules() if hasattr(m, "processor"))
     if attention is not None:
-        # per block: self, text cross and audio-video attention of each stream
         assert report.patched["LTX2Attention (attention backend 'ltx_kernels')"] == 6 * LAYERS
+    for ours, ref in zip(outputs(model), outputs(stock)):
+        assert rel_err(ours, ref) < 1e-5
+
+
+# LTX-2.3's options: per-head attention gates, the cross-attention queries modulated and gated,
+# the text keys modulated by the prompt's timestep embedding (or its static table without it).
+LTX23 = dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True)
+
+
+@pytest.mark.parametrize("config", [LTX23, dict(LTX23, use_prompt_adaln_single=False),
+                                    dict(cross_attn_mod=True)], ids=["ltx2.3", "static-prompt-table", "video-mod"])
+def test_ltx23_options_match_stock_fp32(config):
+    stock = tiny_ltx2(**config)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[ltx2.BLOCK_KIND] == LAYERS and report.patched[ltx2.ATTN_KIND] == 6 * LAYERS
+    kw = dict(inputs(), sigma=torch.tensor([0.5, 0.3]), return_dict=False)
+    with torch.no_grad():
+        for ours, ref in zip(model(**kw), stock(**kw)):
+            assert rel_err(ours.float(), ref.float()) < 1e-5
+
+
+@pytest.mark.parametrize("config, reason", [(dict(rope_type="split"), "its RoPE is 'split'"),
+                                            (dict(perturbed_attn=True), "perturbed attention")])
+def test_unsupported_forms_reported_and_stock(config, reason):
+    stock = tiny_ltx2(**config)
+    model = copy.deepcopy(stock)
+    with pytest.warns(UserWarning, match=reason):
+        report = lkd.inject(model)
+    assert any(reason in why for why in report.skipped)
+    if "rope_type" in config:
+        assert report.patched[ltx2.BLOCK_KIND] == LAYERS and ltx2.ATTN_KIND not in report.patched
+    else:
+        assert ltx2.BLOCK_KIND not in report.patched and ltx2.ATTN_KIND not in report.patched
     for ours, ref in zip(outputs(model), outputs(stock)):
         assert rel_err(ours, ref) < 1e-5
 

@@ -17,7 +17,8 @@ from ltx_kernels._patching import is_patched  # noqa: E402
 from ltx_kernels.integrations.diffusers import FAMILIES, family_of, flux, model_class_names  # noqa: E402
 from test_diffusers_flux import tiny_flux  # noqa: E402
 
-NAMES = [["LTXVideoTransformer3DModel"], ["FluxTransformer2DModel"], ["SD3Transformer2DModel"],
+NAMES = [["LTXVideoTransformer3DModel"], ["LTX2VideoTransformer3DModel"], ["FluxTransformer2DModel"],
+         ["SD3Transformer2DModel"],
          ["WanTransformer3DModel"], ["PixArtTransformer2DModel", "DiTTransformer2DModel"], ["UNet2DConditionModel"],
          ["AutoencoderKL"]]
 
@@ -58,7 +59,8 @@ class Embedder(ModelMixin):
 def test_unsupported_model_names_its_class_and_the_supported_ones():
     model = unsupported_model()
     with pytest.raises(ValueError, match="inject: nothing to patch in TimestepEmbedding: ltx_kernels supports "
-                                         "the model classes LTXVideoTransformer3DModel, FluxTransformer2DModel"):
+                                         "the model classes LTXVideoTransformer3DModel, LTX2VideoTransformer3DModel, "
+                                         "FluxTransformer2DModel"):
         lkd.inject(model)
     assert not any(is_patched(m) for m in model.modules())
 

@@ -1,5 +1,5 @@
 """The diffusers model families :func:`ltx_kernels.diffusers.inject` knows, one module each:
-LTX-Video (:mod:`.ltx_video`), FLUX (:mod:`.flux`), SD3 / SD3.5 (:mod:`.sd3`), Wan 2.1 / 2.2
+LTX-Video (:mod:`.ltx_video`), LTX-2 (:mod:`.ltx2`), FLUX (:mod:`.flux`), SD3 / SD3.5 (:mod:`.sd3`), Wan 2.1 / 2.2
 (:mod:`.wan`), PixArt / DiT (:mod:`.dit`), the Stable Diffusion UNet (:mod:`.unet`) and the image
 VAE of SD / SDXL / SD3 / FLUX (:mod:`.vae`). A model of
 another class gets the by-class patches alone (norms, activations; see :mod:`ltx_kernels.diffusers`)."""
@@ -10,10 +10,10 @@ from torch import nn
 
 from ltx_kernels.integrations.family import Family
 
-from . import dit, flux, ltx_video, sd3, unet, vae, wan
+from . import dit, flux, ltx2, ltx_video, sd3, unet, vae, wan
 
-FAMILIES: tuple[Family, ...] = (ltx_video.FAMILY, flux.FAMILY, sd3.FAMILY, wan.FAMILY, dit.FAMILY, unet.FAMILY,
-                                vae.FAMILY)
+FAMILIES: tuple[Family, ...] = (ltx_video.FAMILY, ltx2.FAMILY, flux.FAMILY, sd3.FAMILY, wan.FAMILY, dit.FAMILY,
+                                unet.FAMILY, vae.FAMILY)
 
 
 def family_of(module: nn.Module) -> Family | None:
