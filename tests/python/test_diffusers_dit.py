@@ -17,6 +17,7 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from ltx_kernels.integrations.diffusers import dit, flux, sd3  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
+    assert_composes_with_inject,
     assert_bf16_no_worse_than_stock,
     assert_fp8_within_format_error,
     assert_hooked_call_runs,
@@ -224,18 +225,6 @@ COMPOSE = {
 def test_pixart_features_compose_with_inject(feature, order):
     base = tiny_pixart()
     plain = base(**pixart_kwargs())[0]
-    stock = copy.deepcopy(base)
-    COMPOSE[feature](stock)
-    expected = stock(**pixart_kwargs())[0]
+    expected = assert_composes_with_inject(base, pixart_kwargs, COMPOSE[feature], order, dit.BLOCK_KIND, 2)
     if feature != "group_offload_block_level":  # the feature changes the output: it is active
         assert rel_err(expected, plain) > 1e-2, "the feature does nothing here: the test would prove nothing"
-    model = copy.deepcopy(base)
-    if order == "feature_then_inject":
-        COMPOSE[feature](model)
-    report = inject_quietly(model)
-    if order == "inject_then_feature":
-        COMPOSE[feature](model)
-    assert report.patched[dit.BLOCK_KIND] == 2, report
-    assert rel_err(model(**pixart_kwargs())[0], expected) < 1e-5
-    assert lkd.remove(model) > 0
-    assert torch.equal(model(**pixart_kwargs())[0], expected)

@@ -52,6 +52,26 @@ def inject_quietly(model, **kwargs):
         return lkd.inject(model, **kwargs)
 
 
+def assert_composes_with_inject(base, kwargs, feature, order, kind, count):
+    """``feature(model)`` before or after inject (``order``) gives the output of a stock copy
+    with the feature (within 1e-5), ``count`` modules of ``kind`` patched, and remove() gives
+    it exactly. Returns that expected output (callers check that the feature is active)."""
+    stock = copy.deepcopy(base)
+    feature(stock)
+    expected = stock(**kwargs())[0]
+    model = copy.deepcopy(base)
+    if order == "feature_then_inject":
+        feature(model)
+    report = inject_quietly(model)
+    if order == "inject_then_feature":
+        feature(model)
+    assert report.patched[kind] == count, report
+    assert rel_err(model(**kwargs())[0], expected) < 1e-5
+    assert lkd.remove(model) > 0
+    assert torch.equal(model(**kwargs())[0], expected)
+    return expected
+
+
 def assert_bf16_no_worse_than_stock(reference, stock16, inputs, **inject_kwargs):
     """An injected copy of the bf16 model ``stock16`` is no further from the fp32 ``reference``
     than ``stock16`` itself (``inputs(dtype)``: the model's kwargs); returns the report."""

@@ -16,6 +16,7 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels.integrations.diffusers import sd3  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
+    assert_composes_with_inject,
     assert_bf16_no_worse_than_stock,
     assert_hooked_call_runs,
     assert_trains_like_stock,
@@ -149,21 +150,9 @@ COMPOSE = {
 def test_features_compose_with_inject(feature, order):
     base = tiny_sd3(dual=True)
     plain = base(**sd3_kwargs())[0]
-    stock = copy.deepcopy(base)
-    COMPOSE[feature](stock)
-    expected = stock(**sd3_kwargs())[0]
+    expected = assert_composes_with_inject(base, sd3_kwargs, COMPOSE[feature], order, sd3.ATTN_KIND, 3)
     if feature != "group_offload_block_level":  # the feature changes the output: it is active
         assert rel_err(expected, plain) > 1e-2, "the feature does nothing here: the test would prove nothing"
-    model = copy.deepcopy(base)
-    if order == "feature_then_inject":
-        COMPOSE[feature](model)
-    report = inject_quietly(model)
-    if order == "inject_then_feature":
-        COMPOSE[feature](model)
-    assert report.patched[sd3.ATTN_KIND] == 3, report
-    assert rel_err(model(**sd3_kwargs())[0], expected) < 1e-5
-    assert lkd.remove(model) > 0
-    assert torch.equal(model(**sd3_kwargs())[0], expected)
 
 
 @torch.no_grad()

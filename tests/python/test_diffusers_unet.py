@@ -17,7 +17,12 @@ from diffusers import UNet2DConditionModel  # noqa: E402
 import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from ltx_kernels.integrations.diffusers import unet  # noqa: E402
-from test_diffusers_flux import assert_bf16_no_worse_than_stock, assert_trains_like_stock, inject_quietly  # noqa: E402
+from test_diffusers_flux import (  # noqa: E402
+    assert_bf16_no_worse_than_stock,
+    assert_composes_with_inject,
+    assert_trains_like_stock,
+    inject_quietly,
+)
 
 GEGLU_KIND = "GEGLU (gelu_and_mul)"  # patched by class (ltx_kernels.diffusers)
 
@@ -236,21 +241,9 @@ COMPOSE = {
 @torch.no_grad()
 def test_features_compose_with_inject(feature, order):
     base = tiny_sd15()
-    stock = copy.deepcopy(base)
-    COMPOSE[feature](stock)
-    expected = stock(**sd15_kwargs())[0]
+    expected = assert_composes_with_inject(base, sd15_kwargs, COMPOSE[feature], order, unet.RESNET_KIND, 8)
     if feature == "layerwise_casting_fp8":  # the feature changes the output: it is active
         assert rel_err(expected, base(**sd15_kwargs())[0]) > 1e-3
-    model = copy.deepcopy(base)
-    if order == "feature_then_inject":
-        COMPOSE[feature](model)
-    report = inject_quietly(model)
-    if order == "inject_then_feature":
-        COMPOSE[feature](model)
-    assert report.patched[unet.RESNET_KIND] == 8, report
-    assert rel_err(model(**sd15_kwargs())[0], expected) < 1e-5
-    assert lkd.remove(model) > 0
-    assert torch.equal(model(**sd15_kwargs())[0], expected)
 
 
 def test_fp16_is_as_close_to_fp32_as_stock_fp16():
