@@ -50,7 +50,7 @@ from ltx_kernels._patching import (
     unpatch_all,
     unsupported_reason,
 )
-from ltx_kernels.integrations.transformers import falcon
+from ltx_kernels.integrations.transformers import causal, falcon
 
 # transformers 5 moved the decoder layers to returning one tensor and the attention to the
 # `ALL_ATTENTION_FUNCTIONS` interface; 4.x modules have other signatures.
@@ -224,6 +224,13 @@ def _attention_forward(
 
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, self.layer_idx)
+    window = self._ltx_sliding_window(self)
+    # The model found the mask to be the plain causal one (integrations.transformers.causal):
+    # without it SDPA runs is_causal. A sliding window at least as long as the keys masks
+    # nothing more; a bidirectional layer (is_causal False) keeps its mask.
+    if (kwargs.pop(causal.CAUSAL_KWARG, False) and getattr(self, "is_causal", True)
+            and (window is None or key.shape[-2] <= window)):
+        attention_mask = None
 
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         self.config._attn_implementation, self._ltx_eager_attention
@@ -236,7 +243,7 @@ def _attention_forward(
         attention_mask,
         dropout=0.0 if not self.training else self.attention_dropout,
         scaling=self.scaling,
-        sliding_window=self._ltx_sliding_window(self),
+        sliding_window=window,
         # Gemma 2 caps the attention logits (softcap * tanh(logits / softcap)); only its
         # attention passes the argument, as its stock forward does
         **({"softcap": self.attn_logit_softcapping} if self._ltx_softcap else {}),
@@ -321,6 +328,10 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
                 _ltx_softcap=model_type == "gemma2",
             )
             report.patched["attention rotary embedding (apply_rotary_pos_emb)"] += 1
+    # The decoder stack (Gemma 3's text model is Gemma3TextModel), whose causal mask SDPA can
+    # take as is_causal: our attention forwards above drop it.
+    causal.patch_model(model, getattr(modeling, prefix + "TextModel", None) or getattr(modeling, prefix + "Model"),
+                       report)
 
 
 def _patch_layer_norms(model: nn.Module, model_type: str, report: Report) -> None:

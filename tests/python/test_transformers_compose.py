@@ -24,7 +24,7 @@ import ltx_kernels.transformers as lt  # noqa: E402
 from test_transformers_integration import SIZES, logits, prompt, rel, tiny_model  # noqa: E402
 
 LAYERS = SIZES["num_hidden_layers"]
-PATCHED = 12  # llama: 5 norms, 2 x (decoder layer, attention, MLP), the head's loss
+PATCHED = 13  # llama: 5 norms, 2 x (decoder layer, attention, MLP), the decoder stack, the head's loss
 
 
 def apply_quietly(model, **kwargs):

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticC
 import ltx_kernels.transformers as lt  # noqa: E402
 from ltx_kernels import _forwards  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
-from ltx_kernels.integrations.transformers import falcon  # noqa: E402
+from ltx_kernels.integrations.transformers import causal, falcon  # noqa: E402
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"]
 # Families whose decoder layers run fused_add_rms_norm (Gemma 2 and 3 norm before each residual
@@ -103,6 +103,7 @@ def test_bf16_logits_no_worse_than_stock(model_type, device):
         layers = SIZES["num_hidden_layers"]
         assert report.skipped == []
         assert report.patched["attention rotary embedding (apply_rotary_pos_emb)"] == layers
+        assert report.patched[causal.MODEL_KIND] == 1
         fused = report.patched["decoder layer residual + post-attention norm (fused_add_rms_norm)"]
         assert fused == (layers if model_type in FUSED_DECODER else 0)
         assert sum(v for k, v in report.patched.items() if k.startswith("gated MLP")) == layers
@@ -494,3 +495,48 @@ def test_falcon_compiles_without_graph_breaks():
     assert rel(logits(compiled, ids, mask), stock, mask) < 1e-5
     with torch.no_grad():
         assert rel(compiled(input_ids=ids).logits, stock_causal, torch.ones_like(mask)) < 1e-5
+
+
+# Layers whose mask is SDPA's is_causal for a 14-token prompt: all but those with a sliding
+# window shorter than it (Mistral, Phi-3 and Gemma 3's layers, Gemma 2's local one).
+MASK_FREE_LAYERS = {"llama": 2, "mistral": 0, "qwen2": 2, "qwen3": 2, "gemma": 2, "gemma2": 1, "gemma3_text": 0,
+                    "phi3": 0}
+
+
+@pytest.mark.parametrize("window", [None, 64])
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_plain_causal_mask_left_to_sdpa_under_compile(model_type, window, monkeypatch):
+    """Under torch.compile, where transformers always materializes the causal mask, a call with
+    no padding mask, no positions and no cache runs SDPA is_causal without a mask in every layer
+    whose sliding window (if any) covers the prompt (window=64: all layers); padded, packed and
+    cached calls keep the mask. Logits match stock within 1e-5 (fp32) on every path."""
+    overrides = {} if window is None or "sliding_window" not in EXTRA.get(model_type, {}) else dict(
+        sliding_window=window)
+    model = tiny_model(model_type, attn_implementation="sdpa", **overrides)
+    ids, mask = prompt()
+    ones = torch.ones_like(mask)
+    packed = torch.cat([torch.arange(5), torch.arange(ids.shape[1] - 5)]).expand(2, -1)
+    calls_of = {"none": {}, "padded": dict(attention_mask=mask), "packed": dict(position_ids=packed)}
+    with torch.no_grad():
+        stock = {name: model(input_ids=ids, **kw).logits for name, kw in calls_of.items()}
+    apply_quietly(model)
+    torch._dynamo.reset()  # each model's guards are its own: the earlier tests' count toward the recompile limit
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    calls = sdpa_spy(monkeypatch)
+    layers = SIZES["num_hidden_layers"]
+    mask_free = layers if overrides else MASK_FREE_LAYERS[model_type]
+    with torch.no_grad():
+        for name, kw in calls_of.items():
+            calls.clear()
+            out = compiled(input_ids=ids, **kw).logits
+            assert rel(out, stock[name], mask if name == "padded" else ones) < 1e-5, name
+            free = [c for c in calls if c.get("attn_mask") is None]
+            assert len(calls) == layers and len(free) == (mask_free if name == "none" else 0), (name, calls)
+            assert all(c["is_causal"] for c in free)
+        # a prompt into a cache runs mask-free; decoding a token after it keeps stock's path
+        calls.clear()
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+        assert sum(c.get("attn_mask") is None for c in calls) == mask_free
+        last = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits
+        assert rel(last, stock["none"][:, -1:], ones[:, -1:]) < 1e-5

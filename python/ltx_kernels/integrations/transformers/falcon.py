@@ -3,8 +3,8 @@
 Stock ``FalconModel`` always materializes a ``[B, 1, S, S]`` causal mask (so that ALiBi can be
 added to it), and SDPA given a mask and fewer key/value heads than query heads (Falcon-7B's
 multi-query attention) runs its math backend: at 8192 tokens that is 70% of the prefill. When the
-mask is the plain causal one (no padding, positions 0..S-1, an empty cache; the conditions of
-transformers' own ``_ignore_causal_mask_sdpa`` for its other models), the patched ``FalconModel``
+mask is the plain causal one (:func:`~ltx_kernels.integrations.transformers.causal.plain_causal`:
+no padding, positions 0..S-1, an empty cache), the patched ``FalconModel``
 passes ``attention_mask=None`` to its layers, which in stock's attention means causal, and the
 patched ``FalconAttention`` then runs SDPA with ``is_causal`` and ``enable_gqa`` (FlashAttention)
 after our ``apply_rotary_pos_emb`` on the projections. Any other mask, ALiBi, or
@@ -21,40 +21,10 @@ from torch import nn
 
 from ltx_kernels import ops
 from ltx_kernels._patching import Report, patch
+from ltx_kernels.integrations.transformers.causal import plain_causal
 
 ATTENTION_KIND = "FalconAttention, mask-free causal prefill (apply_rotary_pos_emb, SDPA)"
 MODEL_KIND = "FalconModel: causal mask left to SDPA when it is the plain causal mask"
-
-
-def _values_readable(t: torch.Tensor) -> bool:
-    """Whether reading ``t``'s values on the host is allowed (not while tracing or capturing)."""
-    return not (torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
-
-
-def _plain_causal(model: nn.Module, tokens: int, attention_mask, position_ids, past_key_values) -> bool:
-    """Whether the mask stock would build is exactly SDPA's ``is_causal`` mask."""
-    if tokens < 2 or model.config._attn_implementation != "sdpa":
-        return False
-    if past_key_values is not None:
-        past = past_key_values.get_seq_length()
-        if isinstance(past, torch.Tensor):  # static caches count in a tensor
-            if not _values_readable(past):
-                return False
-            past = int(past)
-        if past != 0:
-            return False
-    if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[-1] != tokens or not _values_readable(attention_mask):
-            return False
-        if not bool(attention_mask.all()):
-            return False
-    if position_ids is not None:  # transformers reads restarting positions as packed sequences
-        if not _values_readable(position_ids):
-            return False
-        expected = torch.arange(tokens, device=position_ids.device)
-        if position_ids.shape[-1] != tokens or not bool((position_ids == expected).all()):
-            return False
-    return True
 
 
 def model_forward(self, input_ids=None, past_key_values=None, attention_mask=None, position_ids=None,
@@ -69,7 +39,7 @@ def model_forward(self, input_ids=None, past_key_values=None, attention_mask=Non
     output_attentions = config.output_attentions if output_attentions is None else output_attentions
     embedded = inputs_embeds if input_ids is None else input_ids
     if (output_attentions or embedded is None or (input_ids is None) == (inputs_embeds is None)
-            or not _plain_causal(self, embedded.shape[1], attention_mask, position_ids, past_key_values)):
+            or not plain_causal(self, embedded.shape[1], attention_mask, position_ids, past_key_values)):
         return type(self).forward(self, input_ids, past_key_values, attention_mask, position_ids, inputs_embeds,
                                   use_cache, output_attentions, output_hidden_states, return_dict, **kwargs)
     output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
