@@ -7,7 +7,7 @@ it out as a kernel repository the ``kernels`` package loads::
         metadata.json     name, id (= the namespace), version, license, backend
         __init__.py       this package's API (ops, layers) ...
         _ops.py           ... bound to torch.ops.<namespace>
-        ops.py layers.py _forwards.py _patching.py _fp8.py _C.so
+        ops.py _compile_formulas.py layers.py _forwards.py _patching.py _fp8.py _C.so
 
 so ``kernels.get_local_kernel(OUTDIR)`` returns a module whose functions run our ops and
 ``LocalLayerRepository(repo_path=OUTDIR, layer_name="RMSNorm")`` maps layers for
@@ -39,7 +39,8 @@ except ModuleNotFoundError:  # Python 3.10
 PACKAGE = Path(__file__).parent
 # The package's files a kernel variant carries: the API without the integrations (the layers'
 # forwards are the integrations' own, _forwards.py, with the patch mechanics they use).
-VARIANT_FILES = ("__init__.py", "_ops.py", "ops.py", "layers.py", "_forwards.py", "_patching.py", "_fp8.py")
+VARIANT_FILES = ("__init__.py", "_ops.py", "ops.py", "_compile_formulas.py", "layers.py", "_forwards.py", "_patching.py",
+                 "_fp8.py")
 NAMESPACE_LINE = 'NAMESPACE = "ltx_kernels"'
 BACKENDS = ("cuda", "cpu")
 

@@ -13,6 +13,7 @@ import operator
 
 import torch
 
+from . import _compile_formulas
 from ._ops import ops as _ops
 
 
@@ -79,6 +80,17 @@ def _strings(fn: str, name: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _run(name: str, *args):
+    """Our op ``name`` on ``args``; or, while torch.compile traces a call that will be
+    differentiated, its formula (:mod:`ltx_kernels._compile_formulas`), which Inductor fuses with
+    the kernels around it. The op is called there too, so that its checks run on the traced
+    call (its unused output leaves the graph)."""
+    out = getattr(_ops, name)(*args)
+    if _compile_formulas.traced_for_training(*(a for a in args if isinstance(a, torch.Tensor))):
+        return getattr(_compile_formulas, name)(*args)
+    return out
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor | None = None,
@@ -95,8 +107,8 @@ def rms_norm(
     None is ``x``'s dtype, ``torch.float32`` keeps the fp32 result unrounded (the dtype of
     stock ``weight * normalized`` with an fp32 weight).
     """
-    return _ops.rms_norm(x, weight, _eps("rms_norm", eps), _real("rms_norm", "weight_offset", weight_offset),
-                         out_dtype)
+    return _run("rms_norm", x, weight, _eps("rms_norm", eps), _real("rms_norm", "weight_offset", weight_offset),
+                out_dtype)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -108,7 +120,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     both outputs in ``x``'s dtype.
     """
     fn = "fused_add_rms_norm"
-    return _ops.fused_add_rms_norm(x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
+    return _run(fn, x, residual, weight, _eps(fn, eps), _real(fn, "weight_offset", weight_offset))
 
 
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -127,7 +139,7 @@ def layer_norm(
     """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dim (biased variance).
     ``weight`` and ``bias`` in ``x``'s dtype or float32 (as ``torch.nn.functional.layer_norm``
     takes them); the output in ``x``'s dtype."""
-    return _ops.layer_norm(x, weight, bias, _eps("layer_norm", eps))
+    return _run("layer_norm", x, weight, bias, _eps("layer_norm", eps))
 
 
 def group_norm(
@@ -165,7 +177,7 @@ def adaln_rms_norm(
     token with ``x``'s shape; they may be strided views (e.g. unbound from a ``[B, S, 6, D]``
     tensor, as LTX-Video does) and are read in place. One fp32 pass, rounded once.
     """
-    return _ops.adaln_rms_norm(x, scale, shift, weight, _eps("adaln_rms_norm", eps))
+    return _run("adaln_rms_norm", x, scale, shift, weight, _eps("adaln_rms_norm", eps))
 
 
 def adaln_layer_norm(
@@ -178,7 +190,7 @@ def adaln_layer_norm(
 ) -> torch.Tensor:
     """``layer_norm(x, weight, bias, eps) * (1 + scale) + shift``; broadcasting as
     :func:`adaln_rms_norm`."""
-    return _ops.adaln_layer_norm(x, scale, shift, weight, bias, _eps("adaln_layer_norm", eps))
+    return _run("adaln_layer_norm", x, scale, shift, weight, bias, _eps("adaln_layer_norm", eps))
 
 
 def gated_residual_adaln_rms_norm(
@@ -196,7 +208,8 @@ def gated_residual_adaln_rms_norm(
     math, rounded to the input dtype) and ``normed = adaln_rms_norm(x_new, scale, shift,
     weight, eps)`` computed from that rounded ``x_new``. ``gate`` broadcasts like ``scale``.
     """
-    return _ops.gated_residual_adaln_rms_norm(x, y, gate, scale, shift, weight, _eps("gated_residual_adaln_rms_norm", eps))
+    return _run("gated_residual_adaln_rms_norm", x, y, gate, scale, shift, weight,
+                _eps("gated_residual_adaln_rms_norm", eps))
 
 
 def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
@@ -206,7 +219,7 @@ def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None =
     ``[B, 1, D]`` or per token (``x``'s shape), strided views read in place. When the next
     op is an RMS norm with modulation, :func:`gated_residual_adaln_rms_norm` saves a pass.
     """
-    return _ops.gated_residual(x, y, gate)
+    return _run("gated_residual", x, y, gate)
 
 
 def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -389,24 +402,24 @@ def attention(
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """``gelu(x, approximate="tanh")``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
-    return _ops.gelu_tanh(x)
+    return _run("gelu_tanh", x)
 
 
 def gelu_tanh_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``gelu_tanh(a) * b`` (GEGLU with the tanh GELU, two inputs of the same shape)."""
-    return _ops.gelu_tanh_and_mul(a, b)
+    return _run("gelu_tanh_and_mul", a, b)
 
 
 def gelu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``gelu(a) * b`` with the exact (erf) GELU. diffusers' ``GEGLU`` computes
     ``hidden * gelu(gate)`` for ``hidden, gate = proj(x).chunk(2, -1)``: that is
     ``gelu_and_mul(gate, hidden)`` (the halves can be passed as the views ``chunk`` returns)."""
-    return _ops.gelu_and_mul(a, b)
+    return _run("gelu_and_mul", a, b)
 
 
 def silu_and_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``silu(a) * b`` (SwiGLU as Llama's MLP computes ``act(gate_proj(x)) * up_proj(x)``)."""
-    return _ops.silu_and_mul(a, b)
+    return _run("silu_and_mul", a, b)
 
 
 def _gelu_approximate(approximate: bool | str) -> str:
@@ -429,7 +442,7 @@ def geglu(
     """
     approximate = _gelu_approximate(approximate)
     if out is None:
-        return _ops.geglu(input, approximate)
+        return _run("geglu", input, approximate)
     _ops.geglu.out(input, approximate, out=out)
     return out
 
@@ -437,7 +450,7 @@ def geglu(
 def swiglu(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU on a concatenated ``[..., 2H]`` input: ``silu(input[..., :H]) * input[..., H:]``."""
     if out is None:
-        return _ops.swiglu(input)
+        return _run("swiglu", input)
     _ops.swiglu.out(input, out=out)
     return out
 
