@@ -52,6 +52,15 @@ def inject_quietly(model, **kwargs):
         return lkd.inject(model, **kwargs)
 
 
+# Features the family tests compose with inject (COMPOSE in each file), shared by all.
+def layerwise_casting_fp8(model):
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+
+
+def group_offload_block_level(model):
+    model.enable_group_offload(torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
+
+
 def assert_composes_with_inject(base, kwargs, feature, order, kind, count):
     """``feature(model)`` before or after inject (``order``) gives the output of a stock copy
     with the feature (within 1e-5), ``count`` modules of ``kind`` patched, and remove() gives

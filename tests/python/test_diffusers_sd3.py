@@ -16,11 +16,13 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels.integrations.diffusers import sd3  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_flux import (  # noqa: E402
-    assert_composes_with_inject,
     assert_bf16_no_worse_than_stock,
+    assert_composes_with_inject,
     assert_hooked_call_runs,
     assert_trains_like_stock,
+    group_offload_block_level,
     inject_quietly,
+    layerwise_casting_fp8,
 )
 
 
@@ -132,11 +134,8 @@ def _lora(model):
 
 # Features a user turns on beside inject, in either order, through our joint-attention processor.
 COMPOSE = {
-    "layerwise_casting_fp8": lambda model: model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
-                                                                          compute_dtype=torch.float32),
-    "group_offload_block_level": lambda model: model.enable_group_offload(torch.device("cpu"),
-                                                                          offload_type="block_level",
-                                                                          num_blocks_per_group=1),
+    "layerwise_casting_fp8": layerwise_casting_fp8,
+    "group_offload_block_level": group_offload_block_level,
     "forward_hooks_on_qk_norms": lambda model: [
         block.attn.get_submodule(name).register_forward_hook(lambda module, args, output: output * 1.5)
         for block in model.transformer_blocks for name in ("norm_q", "norm_added_k")],

@@ -21,7 +21,9 @@ from test_diffusers_flux import (  # noqa: E402
     assert_bf16_no_worse_than_stock,
     assert_composes_with_inject,
     assert_trains_like_stock,
+    group_offload_block_level,
     inject_quietly,
+    layerwise_casting_fp8,
 )
 
 GEGLU_KIND = "GEGLU (gelu_and_mul)"  # patched by class (ltx_kernels.diffusers)
@@ -228,11 +230,8 @@ def test_a_norm_weight_the_op_does_not_take_runs_stock():
 # Features a user turns on beside inject, in either order: they wrap the convolutions and
 # linears that the fused forwards call as modules (layerwise casting skips norms by default).
 COMPOSE = {
-    "layerwise_casting_fp8": lambda model: model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
-                                                                          compute_dtype=torch.float32),
-    "group_offload_block_level": lambda model: model.enable_group_offload(torch.device("cpu"),
-                                                                          offload_type="block_level",
-                                                                          num_blocks_per_group=1),
+    "layerwise_casting_fp8": layerwise_casting_fp8,
+    "group_offload_block_level": group_offload_block_level,
 }
 
 
