@@ -221,6 +221,15 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(rows(x)), modules, x.dtype), unfused)
 
 
+def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
+    (:func:`matmul_gated_residual`): the output projection is our FP8 linear and its dropout
+    does nothing, both unhooked, and the gate :func:`fuses_gated_residual`."""
+    out, dropout = attn.to_out[0], attn.to_out[1]
+    return (fuses_gated_residual(residual, gate) and take_quantized((out,))
+            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and dropout_is_identity(dropout))
+
+
 def dropout_is_identity(dropout: nn.Dropout) -> bool:
     """Whether the dropout passes its input through (eval mode or p = 0): then the GEMMs on
     either side of it may fuse."""

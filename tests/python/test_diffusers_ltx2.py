@@ -210,3 +210,58 @@ def test_features_compose_with_inject(feature, order):
     # (the tiny model's attention branches move its output by little: the hooks give 2e-3).
     if feature != "group_offload_block_level":
         assert rel_err(expected, plain) > 1e-3, "the feature does nothing here: the test would prove nothing"
+
+
+# FP8 (e4m3) against the fp32 model, video and audio output: measured 2.8e-2 / 6.1e-2 (the audio
+# stream's 16-channel dot products average less of the rounding), the same with each linear
+# quantizing its own input.
+FP8_TOLERANCE = (5e-2, 8e-2)
+
+
+def test_fp8_norms_write_quantized_inputs_and_gemms_write_gated_residuals(monkeypatch):
+    """inject(precision="fp8"): per block and stream, the self-attention's, the feed-forward's
+    and both sides' of each audio-video attention modulated norms write their outputs quantized
+    for the FP8 projections (adaln_rms_norm_fp8: 8 a block), the feed-forward's GELU is fused
+    into its down projection's input, and the self-attention's output projection and the
+    feed-forward's down projection write the gated residuals (fp8_linear_gated_residual: 4 a
+    block, no gated_residual pass for them); the output stays FP8's distance from fp32."""
+    from test_fp8 import count_quantizations
+
+    from ltx_kernels import _fp8
+
+    stock = tiny_ltx2()
+    reference = outputs(stock)
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    calls = count_quantizations(monkeypatch)
+    fused = []
+    gemm = _fp8.ops.fp8_linear_gated_residual
+
+    def counting(*args):
+        fused.append(args)
+        return gemm(*args)
+
+    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", counting)
+    got = outputs(model)
+    assert calls.count("adaln_rms_norm_fp8") == 8 * LAYERS, calls
+    assert calls.count("gelu_tanh") == 2 * LAYERS
+    assert len(fused) == 4 * LAYERS
+    for ours, ref, bound in zip(got, reference, FP8_TOLERANCE):
+        assert 0 < rel_err(ours, ref) <= bound
+
+
+@pytest.mark.parametrize("target", ["norm1", "attn1", "attn1.to_q", "attn1.to_out.0", "audio_to_video_norm",
+                                    "norm3", "ff", "ff.net.0.proj", "ff.net.2"])
+def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
+    """A forward hook on a norm that would write FP8, or on a module that would read it or write
+    the gated residual, sees its call under precision="fp8" (that part runs unfused), and the
+    output stays FP8's distance from fp32."""
+    stock = tiny_ltx2()
+    reference = outputs(stock)
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    seen = []
+    model.transformer_blocks[0].get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    for ours, ref, bound in zip(outputs(model), reference, FP8_TOLERANCE):
+        assert 0 < rel_err(ours, ref) <= bound
+    assert seen

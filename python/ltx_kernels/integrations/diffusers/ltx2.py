@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltx_kernels import ops
-from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched
+from ltx_kernels import _fp8, ops
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -35,8 +35,18 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
     """diffusers' ``LTX2AudioVideoAttnProcessor`` (interleaved RoPE) with the q/k norms and the
     RoPE on our ops."""
 
-    def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
-                 attention_mask=None, query_rotary_emb=None, key_rotary_emb=None) -> torch.Tensor:
+    def __call__(self, attn: nn.Module, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 query_rotary_emb=None, key_rotary_emb=None) -> torch.Tensor:
+        out = self.attention(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+                             key_rotary_emb)
+        (out,) = _fp8.linears(out, (attn.to_out[0],))
+        return attn.to_out[1](out)
+
+    def attention(self, attn: nn.Module, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                  query_rotary_emb=None, key_rotary_emb=None) -> torch.Tensor:
+        """What ``__call__`` computes before the output projection: the heads' outputs, gated
+        (LTX-2.3), ``[B, S, inner_dim]``. ``hidden_states`` and ``encoder_hidden_states`` may
+        come quantized (:class:`_fp8.Quantized`, written by a norm) where :func:`takes_quantized`."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -44,7 +54,12 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, length, batch)
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
-        query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+        # Projections that read one input share its FP8 quantization (when they are FP8).
+        if encoder_hidden_states is None:
+            query, key, value = _fp8.linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
+        else:
+            (query,) = _fp8.linears(hidden_states, (attn.to_q,))
+            key, value = _fp8.linears(context, (attn.to_k, attn.to_v))
         query, key = call_fused(
             (attn.norm_q, attn.norm_k),
             lambda: (ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q, query)),
@@ -61,16 +76,57 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
         if attn.to_gate_logits is not None:  # per-head gates, 2 * sigmoid (1 at zero logits)
             gates = 2.0 * torch.sigmoid(attn.to_gate_logits(hidden_states))
             out = (out.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
-        return attn.to_out[1](attn.to_out[0](out))
+        return out
 
 
-def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """``norm(x) * (1 + scale) + shift`` (scale, shift: [B, 1, D] or per token) in one pass."""
+def takes_quantized(attn: nn.Module) -> bool:
+    """Whether ``attn``'s inputs may come quantized: our processor, called unhooked, its q/k/v
+    projections our FP8 linears, and no gate logits reading the input (LTX-2.3's gated
+    attention)."""
+    return (isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn)
+            and attn.to_gate_logits is None and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
+
+
+def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+              quantized: bool = False):
+    """``norm(x) * (1 + scale) + shift`` (scale, shift: [B, 1, D] or per token) in one pass;
+    ``quantized``: written in FP8 (:class:`_fp8.Quantized`) for FP8 linears to read, without the
+    dtype output."""
+    if quantized:
+        return call_fused(
+            (norm,),
+            lambda: _fp8.Quantized(*ops.adaln_rms_norm_fp8(x, scale, shift, norm.weight, _eps(norm, x)), x.dtype),
+            lambda: _fp8.Quantized(*ops.quantize_fp8(norm(x) * (1 + scale) + shift), x.dtype),
+        )
     return call_fused(
         (norm,),
         lambda: ops.adaln_rms_norm(x, scale, shift, norm.weight, _eps(norm, x)),
         lambda: norm(x) * (1 + scale) + shift,
     )
+
+
+def _self_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, scale, shift, gate, rope, mask):
+    """One stream's ``x + gate * attn(norm(x) * (1 + scale) + shift)``. Under FP8 the norm writes
+    its output quantized for the q/k/v projections, and the output projection's GEMM writes the
+    gated residual where :func:`_fp8.out_projection_fuses_residual`."""
+    quantized = takes_quantized(attn)
+    normed = _modulate(norm, x, scale, shift, quantized)
+    if quantized and _fp8.out_projection_fuses_residual(attn, x, gate):
+        heads = attn.processor.attention(attn, normed, None, mask, rope)
+        return _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], x, gate)
+    out = attn(hidden_states=normed, encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
+    return ops.gated_residual(x, out, gate)
+
+
+def _feed_forward(norm: nn.Module, ff: nn.Module, x: torch.Tensor, scale, shift, gate) -> torch.Tensor:
+    """One stream's ``x + gate * ff(norm(x) * (1 + scale) + shift)``; under FP8 the norm writes
+    its output quantized and the down projection's GEMM the gated residual, where they can."""
+    if not _fp8.feed_forward_takes_quantized(ff):
+        return ops.gated_residual(x, ff(_modulate(norm, x, scale, shift)), gate)
+    normed = _modulate(norm, x, scale, shift, quantized=True)
+    if _fp8.fuses_gated_residual(x, gate):
+        return _fp8.feed_forward_gated_residual(ff, normed, x, gate)
+    return ops.gated_residual(x, _fp8.feed_forward_quantized(ff, normed), gate)
 
 
 def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: torch.Tensor, mask, params,
@@ -80,7 +136,7 @@ def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: tor
     ``cross_attn_mod`` is on, plain otherwise."""
     if modulated:
         shift, scale, gate = params[6:9]
-        query = _modulate(norm, x, scale, shift)
+        query = _modulate(norm, x, scale, shift, takes_quantized(attn))
     else:
         query, gate = norm(x), None
     out = attn(query, encoder_hidden_states=text, query_rotary_emb=None, attention_mask=mask)
@@ -92,8 +148,10 @@ def _cross_modal_attention(attn: nn.Module, query_side: tuple, key_side: tuple, 
     """Audio-to-video or video-to-audio attention: each side ``(norm, x, scale, shift)`` is
     ``norm(x)`` modulated by its own (squeezed, as stock) scale and shift; the queries come from
     one stream, the keys and values from the other, each with its RoPE."""
+    quantized = takes_quantized(attn)
+
     def side(norm, x, scale, shift):
-        return _modulate(norm, x, scale.squeeze(2), shift.squeeze(2))
+        return _modulate(norm, x, scale.squeeze(2), shift.squeeze(2), quantized)
 
     return attn(side(*query_side), encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
                 key_rotary_emb=key_rope, attention_mask=mask)
@@ -137,14 +195,10 @@ def _block_forward(
     a_shift_msa, a_scale_msa, a_gate_msa, a_shift_mlp, a_scale_mlp, a_gate_mlp = audio[:6]
 
     # 1. self-attention of each stream
-    out = self.attn1(hidden_states=_modulate(self.norm1, hidden_states, scale_msa, shift_msa),
-                     encoder_hidden_states=None, query_rotary_emb=video_rotary_emb,
-                     attention_mask=self_attention_mask)
-    hidden_states = ops.gated_residual(hidden_states, out, gate_msa)
-    out = self.audio_attn1(hidden_states=_modulate(self.audio_norm1, audio_hidden_states, a_scale_msa, a_shift_msa),
-                           encoder_hidden_states=None, query_rotary_emb=audio_rotary_emb,
-                           attention_mask=audio_self_attention_mask)
-    audio_hidden_states = ops.gated_residual(audio_hidden_states, out, a_gate_msa)
+    hidden_states = _self_attention(self.norm1, self.attn1, hidden_states, scale_msa, shift_msa, gate_msa,
+                                    video_rotary_emb, self_attention_mask)
+    audio_hidden_states = _self_attention(self.audio_norm1, self.audio_attn1, audio_hidden_states, a_scale_msa,
+                                          a_shift_msa, a_gate_msa, audio_rotary_emb, audio_self_attention_mask)
 
     # 2. cross-attention to the text (prompt-side modulation of the keys in torch: short rows)
     if self.cross_attn_adaln:
@@ -190,10 +244,9 @@ def _block_forward(
             hidden_states = new_hidden_states
 
     # 4. feed-forward of each stream
-    out = self.ff(_modulate(self.norm3, hidden_states, scale_mlp, shift_mlp))
-    hidden_states = ops.gated_residual(hidden_states, out, gate_mlp)
-    out = self.audio_ff(_modulate(self.audio_norm3, audio_hidden_states, a_scale_mlp, a_shift_mlp))
-    audio_hidden_states = ops.gated_residual(audio_hidden_states, out, a_gate_mlp)
+    hidden_states = _feed_forward(self.norm3, self.ff, hidden_states, scale_mlp, shift_mlp, gate_mlp)
+    audio_hidden_states = _feed_forward(self.audio_norm3, self.audio_ff, audio_hidden_states, a_scale_mlp,
+                                        a_shift_mlp, a_gate_mlp)
     return hidden_states, audio_hidden_states
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, realized, runs_unhooked
+from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, realized
 from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
@@ -82,7 +82,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
                   image_rotary_emb=None) -> torch.Tensor:
         """What ``__call__`` computes before the output projection: the heads' outputs, ``[B, S,
         inner_dim]`` in the query's dtype (the block writes the projection with its gated
-        residual in one FP8 GEMM, :func:`_attn1_out_fuses_residual`)."""
+        residual in one FP8 GEMM, :func:`_fp8.out_projection_fuses_residual`)."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -199,7 +199,7 @@ def _block_forward(
             lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
             lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
         )
-    if attn1_quantized and _attn1_out_fuses_residual(self.attn1, hidden_states, gate_msa):
+    if attn1_quantized and _fp8.out_projection_fuses_residual(self.attn1, hidden_states, gate_msa):
         # x + gate * to_out(attention): the output projection's FP8 GEMM writes the residual.
         heads = self.attn1.processor.attention(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
         hidden_states = _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), self.attn1.to_out[0], hidden_states,
@@ -240,16 +240,6 @@ def _attn_takes_quantized(attn: nn.Module) -> bool:
     return (isinstance(attn.processor, LtxKernelsAttnProcessor) and "forward" not in attn.__dict__
             and not attn._forward_hooks and not attn._forward_pre_hooks
             and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
-
-
-def _attn1_out_fuses_residual(attn: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> bool:
-    """For an attn1 that takes its input quantized (:func:`_attn_takes_quantized`): whether its
-    output projection and the gated residual after it run as one FP8 GEMM: the projection is
-    our FP8 linear and its dropout does nothing, both unhooked, and the gate is one row per
-    sample (:func:`_fp8.fuses_gated_residual`)."""
-    out, dropout = attn.to_out[0], attn.to_out[1]
-    return (_fp8.fuses_gated_residual(hidden_states, gate) and _fp8.take_quantized((out,))
-            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and _fp8.dropout_is_identity(dropout))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
