@@ -6,7 +6,10 @@ held-out ones, side by side in one run: the bf16 GEMM (``torch.nn.functional.lin
 torchao's FP8 runs), ours ``fp8_linear`` on pre-quantized operands, ours from a bf16 input
 (``quantize_fp8`` + GEMM, what a patched linear runs), and ``quantize_fp8`` alone with its share
 of copy bandwidth. TFLOPS count 2*M*N*K over the time of that column (the quantization
-included where it runs); error is the relative L2 distance to the fp32 product.
+included where it runs); error is the relative L2 distance to the fp32 product. The gated
+residual columns time ``residual + gate * linear(x)`` on pre-quantized operands (one sample,
+one gate row): ``_scaled_mm`` then our ``gated_residual``, against ours written by the GEMM's
+epilogue (``fp8_linear_gated_residual``, what a DiT block's output and down projections run).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ SHAPES = [
     ("ltx49f ff-up", 5376, 2048, 8192),
     ("ltx49f ff-down", 5376, 8192, 2048),
     ("ltx49f qkvo", 5376, 2048, 2048),
+    # LTX-2 19B, 121 frames 768x512, CFG batch 2: 2 x 12288 video tokens, D 4096
+    ("ltx2 ff-up", 24576, 4096, 16384),
+    ("ltx2 ff-down", 24576, 16384, 4096),
+    ("ltx2 qkvo", 24576, 4096, 4096),
     ("held-out 1000x3072x3072", 1000, 3072, 3072),
     ("held-out 4096x4096x14336", 4096, 4096, 14336),
     ("held-out 333x5120x1536", 333, 5120, 1536),
@@ -41,19 +48,26 @@ def run_shape(label: str, m: int, k: int, n: int, copy_gbs: float) -> dict:
     reference = torch.nn.functional.linear(x.float(), w.float(), bias.float())
     qx, sx = ltx_kernels.quantize_fp8(x)
     qw, sw = ltx_kernels.quantize_fp8(w)
+    residual = torch.randn(1, m, n, device="cuda", dtype=torch.bfloat16)
+    gate = torch.randn(1, 1, n, device="cuda", dtype=torch.bfloat16)
     runs = {
         "bf16": lambda: torch.nn.functional.linear(x, w, bias),
         "scaled_mm": lambda: torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
                                               out_dtype=torch.bfloat16),
         "ours": lambda: ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx),
         "ours+quantize": lambda: ltx_kernels.fp8_linear(x, qw, sw, bias),
+        "scaled_mm+residual": lambda: ltx_kernels.gated_residual(
+            residual, torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
+                                       out_dtype=torch.bfloat16)[None], gate),
+        "ours_residual": lambda: ltx_kernels.fp8_linear_gated_residual(qx[None], sx[None], qw, sw, bias, residual, gate),
     }
+    gated_reference = residual.float() + gate.float() * reference[None]
     row = {"shape": label, "m": m, "k": k, "n": n}
     for name, fn in runs.items():
         us = harness.bench_us(fn)
         row[f"{name}_us"] = us
         row[f"{name}_tflops"] = 2.0 * m * n * k / us / 1e6
-        row[f"{name}_err"] = harness.rel_err(fn(), reference)
+        row[f"{name}_err"] = harness.rel_err(fn(), gated_reference if "residual" in name else reference)
     us = harness.bench_us(lambda: ltx_kernels.quantize_fp8(x))
     row["quantize_us"] = us
     row["quantize_pct_copy"] = 100.0 * (m * k * 3 + m * 4) / (us * 1e-6) / 1e9 / copy_gbs
@@ -64,10 +78,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
     head = (f"{meta['gpu']}, torch {meta['torch']}; copy {meta['copy_gbs']:.0f} GB/s. TFLOPS = 2MNK / median GPU "
             "time (L2 flushed); error vs the fp32 product. scaled_mm and ours take pre-quantized operands; "
             "ours+quantize includes quantize_fp8 of the bf16 input.\n\n")
-    lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8 | ours fp8 | ours + quantize | quantize_fp8 us (% copy) | "
-             "err bf16 / fp8 |", "|---|---|---|---|---|---|---|"]
+    lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8 | ours fp8 | ours + quantize | scaled_mm + gated_residual | "
+             "ours, residual in the epilogue | quantize_fp8 us (% copy) | err bf16 / fp8 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    columns = ("bf16", "scaled_mm", "ours", "ours+quantize", "scaled_mm+residual", "ours_residual")
     for r in rows:
-        cells = [f"{r[f'{c}_tflops']:.0f} ({r[f'{c}_us']:.0f} us)" for c in ("bf16", "scaled_mm", "ours", "ours+quantize")]
+        cells = [f"{r[f'{c}_tflops']:.0f} ({r[f'{c}_us']:.0f} us)" for c in columns]
         lines.append(f"| {r['shape']} ({r['m']} x {r['k']} -> {r['n']}) | " + " | ".join(cells)
                      + f" | {r['quantize_us']:.1f} ({r['quantize_pct_copy']:.0f}%) | "
                      f"{r['bf16_err']:.1e} / {r['ours+quantize_err']:.1e} |")
