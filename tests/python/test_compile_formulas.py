@@ -9,7 +9,7 @@ still raises our op's message while tracing.
 
 import pytest
 import torch
-from conftest import DTYPES, assert_close
+from conftest import DEVICES, DTYPES, assert_close
 from torch._inductor.utils import run_and_get_code
 
 from ltx_kernels import ops
@@ -17,29 +17,29 @@ from ltx_kernels import ops
 B, S, D = 2, 5, 24  # odd sizes; D even for the concatenated GLUs
 
 
-def _x(dtype, strided=False, d=D):
+def _x(dtype, device, strided=False, d=D):
     if strided:  # rows of a wider tensor
-        return torch.randn(B, S, 3 * d, dtype=dtype)[..., d : 2 * d].requires_grad_()
-    return torch.randn(B, S, d, dtype=dtype, requires_grad=True)
+        return torch.randn(B, S, 3 * d, dtype=dtype, device=device)[..., d : 2 * d].requires_grad_()
+    return torch.randn(B, S, d, dtype=dtype, device=device, requires_grad=True)
 
 
-def _vec(shape, dtype):
-    return (0.5 * torch.randn(*shape, dtype=dtype)).requires_grad_()
+def _vec(shape, dtype, device):
+    return (0.5 * torch.randn(*shape, dtype=dtype, device=device)).requires_grad_()
 
 
 ROW_VECTOR_SHAPES = {"per_dim": (D,), "per_batch": (B, 1, D), "per_token": (B, S, D)}
 
 
-def cases(dtype, strided, vector):
+def cases(dtype, device, strided, vector):
     """(name, op call, tensor inputs) for every op with a formula."""
     shape = ROW_VECTOR_SHAPES[vector]
-    x, y = _x(dtype, strided), _x(dtype)
-    scale, shift, gate = _vec(shape, dtype), _vec(shape, dtype), _vec(shape, dtype)
-    w = (1.0 + 0.3 * torch.randn(D, dtype=dtype)).requires_grad_()
-    w32 = (1.0 + 0.3 * torch.randn(D)).requires_grad_()  # an fp32 weight beside 16-bit x
-    bias = _vec((D,), dtype)
-    a, b = _x(dtype, strided), _x(dtype)
-    cat = _x(dtype, strided, d=2 * D)
+    x, y = _x(dtype, device, strided), _x(dtype, device)
+    scale, shift, gate = (_vec(shape, dtype, device) for _ in range(3))
+    w = (1.0 + 0.3 * torch.randn(D, dtype=dtype, device=device)).requires_grad_()
+    w32 = (1.0 + 0.3 * torch.randn(D, device=device)).requires_grad_()  # an fp32 weight beside 16-bit x
+    bias = _vec((D,), dtype, device)
+    a, b = _x(dtype, device, strided), _x(dtype, device)
+    cat = _x(dtype, device, strided, d=2 * D)
     return [
         ("rms_norm", lambda x, w: ops.rms_norm(x, w, 1e-5), (x, w)),
         ("rms_norm fp32 weight, offset", lambda x, w: ops.rms_norm(x, w, 1e-6, weight_offset=1.0), (x, w32)),
@@ -83,9 +83,10 @@ LAYOUTS = [(False, "per_batch"), (True, "per_dim"), (False, "per_token")]
 
 @pytest.mark.parametrize("strided,vector", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_compiled_training_matches_our_op(dtype, strided, vector):
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_training_matches_our_op(device, dtype, strided, vector):
     torch.manual_seed(0)
-    for name, fn, inputs in cases(dtype, strided, vector):
+    for name, fn, inputs in cases(dtype, device, strided, vector):
         ours, ours_grads, grads = _forward_backward(fn, inputs, None)
         torch._dynamo.reset()
         compiled = torch.compile(fn, fullgraph=True, dynamic=False)
