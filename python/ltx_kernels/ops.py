@@ -2,7 +2,11 @@
 
 Every op takes float32, float16 or bfloat16 tensors whose last dim is contiguous (rows may
 be strided, e.g. a slice of a fused projection), computes in fp32 and rounds once on store.
-Outputs are new contiguous tensors of the input's shape and dtype.
+Outputs are new contiguous tensors of the input's shape and dtype. While torch.compile traces a
+call that will be differentiated, the norms, AdaLN forms, gated residuals, GELU and GLUs give
+Inductor their formulas instead (:mod:`ltx_kernels._compile_formulas`: same math and rounding;
+the outputs' strides are then Inductor's) so that it fuses them, and their gradients, with their
+neighbours.
 """
 
 from __future__ import annotations
