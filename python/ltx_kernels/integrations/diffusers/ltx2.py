@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, runs_unhooked
+from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -114,7 +114,7 @@ def _self_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, scale, sh
     if quantized and _fp8.out_projection_fuses_residual(attn, x, gate):
         heads = attn.processor.attention(attn, normed, None, mask, rope)
         return _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], x, gate)
-    out = attn(hidden_states=normed, encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
+    out = attend(attn, hidden_states=normed, encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
     return ops.gated_residual(x, out, gate)
 
 
@@ -139,7 +139,7 @@ def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: tor
         query = _modulate(norm, x, scale, shift, takes_quantized(attn))
     else:
         query, gate = norm(x), None
-    out = attn(query, encoder_hidden_states=text, query_rotary_emb=None, attention_mask=mask)
+    out = attend(attn, query, encoder_hidden_states=text, query_rotary_emb=None, attention_mask=mask)
     return ops.gated_residual(x, out, gate)
 
 
@@ -153,8 +153,8 @@ def _cross_modal_attention(attn: nn.Module, query_side: tuple, key_side: tuple, 
     def side(norm, x, scale, shift):
         return _modulate(norm, x, scale.squeeze(2), shift.squeeze(2), quantized)
 
-    return attn(side(*query_side), encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
-                key_rotary_emb=key_rope, attention_mask=mask)
+    return attend(attn, side(*query_side), encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
+                  key_rotary_emb=key_rope, attention_mask=mask)
 
 
 def _block_forward(

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, Report, call_fused, is_patched, patch, realized
+from ltx_kernels._patching import ProcessorOverStock, Report, attend, call_fused, is_patched, patch, realized
 from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
@@ -156,15 +156,6 @@ def _rope(query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
     return ops.ltx_rope(query, *rotary), ops.ltx_rope(key, *rotary)
 
 
-def _attend(attn: nn.Module, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
-    """``attn(...)``, calling the processor directly when nothing hooks the module:
-    ``LTXAttention.forward`` only filters keyword arguments, with an ``inspect.signature`` of
-    the processor per call, host time that an eager step pays 56 times."""
-    if "forward" in attn.__dict__ or attn._forward_hooks or attn._forward_pre_hooks:
-        return attn(hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-    return attn.processor(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-
-
 def _block_forward(
     self: nn.Module,
     hidden_states: torch.Tensor,
@@ -205,10 +196,10 @@ def _block_forward(
         hidden_states = _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), self.attn1.to_out[0], hidden_states,
                                                    gate_msa)
     else:
-        attn_hidden_states = _attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
+        attn_hidden_states = attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
         hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
 
-    attn_hidden_states = _attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
+    attn_hidden_states = attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
     residual = hidden_states
     if _fp8.feed_forward_takes_quantized(self.ff):
         hidden_states, *quantized = call_fused(
@@ -236,7 +227,7 @@ def _block_forward(
 
 def _attn_takes_quantized(attn: nn.Module) -> bool:
     """Whether ``attn`` (self-attention) may get its input quantized: called as our processor
-    directly (:func:`_attend`), its q/k/v projections our FP8 linears, unhooked."""
+    directly (:func:`~ltx_kernels._patching.attend`), its q/k/v projections our FP8 linears, unhooked."""
     return (isinstance(attn.processor, LtxKernelsAttnProcessor) and "forward" not in attn.__dict__
             and not attn._forward_hooks and not attn._forward_pre_hooks
             and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
