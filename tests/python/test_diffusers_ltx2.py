@@ -265,3 +265,39 @@ def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(tar
     for ours, ref, bound in zip(outputs(model), reference, FP8_TOLERANCE):
         assert 0 < rel_err(ours, ref) <= bound
     assert seen
+
+
+@pytest.mark.parametrize("dim, grid, fps", [(64, (2, 4, 4), 24.0), (256, (3, 5, 7), 25.0), (126, (4, 6, 8), 24.0)])
+def test_video_rope_is_ltx_rope_angles_on_patch_midpoints(dim, grid, fps):
+    """LTX-2's video RoPE (interleaved) is LTX-Video's, with the positions the patches'
+    midpoints (frames divided by fps) over the rotary module's bases: ltx_rope_angles on those
+    coordinates matches the fp64 formula ~100x closer than diffusers' fp32 tables applied with
+    ltx_rope do. (What the processor needs to compute the angles in its q/k kernel, as
+    LTX-Video's does; not yet wired: see models_e2e.md.)"""
+    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
+
+    from ltx_kernels import ops
+
+    rope = LTX2AudioVideoRotaryPosEmbed(dim=dim, modality="video", rope_type="interleaved", num_attention_heads=2)
+    frames, height, width = grid
+    coords = rope.prepare_video_coords(2, frames, height, width, torch.device("cpu"), fps=fps)  # [B, 3, S, 2]
+    cos, sin = rope(coords)
+    x = torch.randn(2, frames * height * width, dim)
+    mid = coords.mean(-1)  # [B, 3, S]
+    angles = ops.ltx_rope_angles(x, None, None, None, video_coords=mid, theta=rope.theta,
+                                 base_num_frames=rope.base_num_frames, base_height=rope.base_height,
+                                 base_width=rope.base_width)
+    # diffusers' formula in fp64: angle = freq * (2 * position / base - 1), pairs interleaved,
+    # dim % 6 leading channels passed through
+    bases = torch.tensor([rope.base_num_frames, rope.base_height, rope.base_width], dtype=torch.float64)
+    position = mid.double().transpose(1, 2) / bases  # [B, S, 3]
+    freqs = rope.theta ** torch.linspace(0, 1, dim // 6, dtype=torch.float64) * torch.pi / 2
+    angle = ((2 * position.unsqueeze(-1) - 1) * freqs).transpose(-1, -2).flatten(2).repeat_interleave(2, -1)
+    pad = dim % 6
+    cos64 = torch.cat([torch.ones(*angle.shape[:-1], pad, dtype=torch.float64), angle.cos()], -1)
+    sin64 = torch.cat([torch.zeros(*angle.shape[:-1], pad, dtype=torch.float64), angle.sin()], -1)
+    pairs = x.double().unflatten(-1, (-1, 2))
+    rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
+    reference = x.double() * cos64 + rotated * sin64
+    assert rel_err(angles, reference) < 1e-5
+    assert rel_err(ops.ltx_rope(x, cos, sin), reference) > 10 * rel_err(angles, reference)
