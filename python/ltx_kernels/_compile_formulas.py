@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 
-def traced_for_training(*tensors: torch.Tensor | None) -> bool:
-    """Whether torch.compile is tracing a call that autograd will differentiate."""
+def traced_for_training(*args) -> bool:
+    """Whether torch.compile is tracing a call (``args``: the op's arguments) that autograd will
+    differentiate."""
     return (torch.compiler.is_compiling() and torch.is_grad_enabled()
-            and any(t is not None and t.requires_grad for t in tensors))
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -221,6 +221,24 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(rows(x)), modules, x.dtype), unfused)
 
 
+def attention_projections(attn: nn.Module, hidden_states, encoder_hidden_states=None) -> list[torch.Tensor]:
+    """A diffusers attention's ``[to_q(x), to_k(context), to_v(context)]`` (context: x for
+    self-attention); projections that read one input share its FP8 quantization (:func:`linears`),
+    which may come quantized (:class:`Quantized`)."""
+    if encoder_hidden_states is None:
+        return linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
+    return linears(hidden_states, (attn.to_q,)) + linears(encoder_hidden_states, (attn.to_k, attn.to_v))
+
+
+def attention_takes_quantized(attn: nn.Module, processor: type) -> bool:
+    """Whether ``attn``'s inputs may come quantized (:class:`Quantized`, written by a norm): its
+    processor is our ``processor``, called directly (:func:`~ltx_kernels._patching.attend`: the
+    module runs unhooked), its q/k/v projections are our FP8 linears, and nothing else reads the
+    input (LTX-2.3's gate logits)."""
+    return (isinstance(attn.processor, processor) and runs_unhooked(attn)
+            and getattr(attn, "to_gate_logits", None) is None and take_quantized((attn.to_q, attn.to_k, attn.to_v)))
+
+
 def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor) -> bool:
     """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
     (:func:`matmul_gated_residual`): the output projection is our FP8 linear and its dropout

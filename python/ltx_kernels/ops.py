@@ -90,7 +90,7 @@ def _run(name: str, *args):
     the kernels around it. The op is called there too, so that its checks run on the traced
     call (its unused output leaves the graph)."""
     out = getattr(_ops, name)(*args)
-    if _compile_formulas.traced_for_training(*(a for a in args if isinstance(a, torch.Tensor))):
+    if _compile_formulas.traced_for_training(*args):
         return getattr(_compile_formulas, name)(*args)
     return out
 

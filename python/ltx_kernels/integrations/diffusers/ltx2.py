@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, runs_unhooked
+from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -46,7 +46,8 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
                   query_rotary_emb=None, key_rotary_emb=None) -> torch.Tensor:
         """What ``__call__`` computes before the output projection: the heads' outputs, gated
         (LTX-2.3), ``[B, S, inner_dim]``. ``hidden_states`` and ``encoder_hidden_states`` may
-        come quantized (:class:`_fp8.Quantized`, written by a norm) where :func:`takes_quantized`."""
+        come quantized (:class:`_fp8.Quantized`, written by a norm) where
+        :func:`_fp8.attention_takes_quantized`."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -54,12 +55,7 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, length, batch)
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
-        # Projections that read one input share its FP8 quantization (when they are FP8).
-        if encoder_hidden_states is None:
-            query, key, value = _fp8.linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
-        else:
-            (query,) = _fp8.linears(hidden_states, (attn.to_q,))
-            key, value = _fp8.linears(context, (attn.to_k, attn.to_v))
+        query, key, value = _fp8.attention_projections(attn, hidden_states, encoder_hidden_states)
         query, key = call_fused(
             (attn.norm_q, attn.norm_k),
             lambda: (ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q, query)),
@@ -77,14 +73,6 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
             gates = 2.0 * torch.sigmoid(attn.to_gate_logits(hidden_states))
             out = (out.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
         return out
-
-
-def takes_quantized(attn: nn.Module) -> bool:
-    """Whether ``attn``'s inputs may come quantized: our processor, called unhooked, its q/k/v
-    projections our FP8 linears, and no gate logits reading the input (LTX-2.3's gated
-    attention)."""
-    return (isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn)
-            and attn.to_gate_logits is None and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
 
 
 def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
@@ -109,7 +97,7 @@ def _self_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, scale, sh
     """One stream's ``x + gate * attn(norm(x) * (1 + scale) + shift)``. Under FP8 the norm writes
     its output quantized for the q/k/v projections, and the output projection's GEMM writes the
     gated residual where :func:`_fp8.out_projection_fuses_residual`."""
-    quantized = takes_quantized(attn)
+    quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
     normed = _modulate(norm, x, scale, shift, quantized)
     if quantized and _fp8.out_projection_fuses_residual(attn, x, gate):
         heads = attn.processor.attention(attn, normed, None, mask, rope)
@@ -136,7 +124,7 @@ def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: tor
     ``cross_attn_mod`` is on, plain otherwise."""
     if modulated:
         shift, scale, gate = params[6:9]
-        query = _modulate(norm, x, scale, shift, takes_quantized(attn))
+        query = _modulate(norm, x, scale, shift, _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor))
     else:
         query, gate = norm(x), None
     out = attend(attn, query, encoder_hidden_states=text, query_rotary_emb=None, attention_mask=mask)
@@ -148,7 +136,7 @@ def _cross_modal_attention(attn: nn.Module, query_side: tuple, key_side: tuple, 
     """Audio-to-video or video-to-audio attention: each side ``(norm, x, scale, shift)`` is
     ``norm(x)`` modulated by its own (squeezed, as stock) scale and shift; the queries come from
     one stream, the keys and values from the other, each with its RoPE."""
-    quantized = takes_quantized(attn)
+    quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
 
     def side(norm, x, scale, shift):
         return _modulate(norm, x, scale.squeeze(2), shift.squeeze(2), quantized)

@@ -95,12 +95,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
 
-        # Projections that read one input share its FP8 quantization (when they are FP8).
-        if encoder_hidden_states is None:
-            query, key, value = _fp8.linears(hidden_states, (attn.to_q, attn.to_k, attn.to_v))
-        else:
-            (query,) = _fp8.linears(hidden_states, (attn.to_q,))
-            key, value = _fp8.linears(context, (attn.to_k, attn.to_v))
+        query, key, value = _fp8.attention_projections(attn, hidden_states, encoder_hidden_states)
         query, key = call_fused(
             (attn.norm_q, attn.norm_k),
             lambda: _qk_norm_rope(attn, query, key, image_rotary_emb),
@@ -176,7 +171,7 @@ def _block_forward(
     dtype = hidden_states.dtype
     # Under FP8, a norm whose consumers are all our FP8 linears writes its output quantized
     # (the q/k/v projections of attn1, the FF's up projection): one pass, no dtype copy.
-    attn1_quantized = _attn_takes_quantized(self.attn1)
+    attn1_quantized = _fp8.attention_takes_quantized(self.attn1, LtxKernelsAttnProcessor)
     if attn1_quantized:
         norm_hidden_states = call_fused(
             (self.norm1,),
@@ -223,14 +218,6 @@ def _block_forward(
         )
         ff_output = self.ff(norm_hidden_states)
     return ops.gated_residual(hidden_states, ff_output, gate_mlp)
-
-
-def _attn_takes_quantized(attn: nn.Module) -> bool:
-    """Whether ``attn`` (self-attention) may get its input quantized: called as our processor
-    directly (:func:`~ltx_kernels._patching.attend`), its q/k/v projections our FP8 linears, unhooked."""
-    return (isinstance(attn.processor, LtxKernelsAttnProcessor) and "forward" not in attn.__dict__
-            and not attn._forward_hooks and not attn._forward_pre_hooks
-            and _fp8.take_quantized((attn.to_q, attn.to_k, attn.to_v)))
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
