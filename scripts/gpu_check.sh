@@ -60,6 +60,9 @@ cases=$(grep -v '^#' scripts/sanitize_cases.txt)
 for tool in memcheck racecheck synccheck initcheck; do
   chosen_cases=$cases
   [ $tool = initcheck ] && chosen_cases=$(grep -v test_cross_entropy <<< "$cases")
+  # racecheck of the CUTLASS FP8 GEMM runs through the GoogleTests above: at the Python cases'
+  # sizes it instruments every shared-memory access of the TMA pipeline for > 7 minutes.
+  [ $tool = racecheck ] && chosen_cases=$(grep -v 'test_fp8.py::test_fp8_linear' <<< "$cases")
   # shellcheck disable=SC2086
   (cd tests/python && compute-sanitizer --tool $tool --error-exitcode 1 python3 -m pytest -q -p no:cacheprovider \
      -p no:benchmark -p no:xdist $chosen_cases > "$out/sanitize-python-$tool.log" 2>&1) &
