@@ -162,7 +162,8 @@ def inject(
       works with Ulysses context parallelism, not ring attention (refused here). Not yet faster
       than SDPA's cuDNN backend on an H100 (benchmarks/results/h100/attention.md).
 
-    ``rope`` picks LTX-Video's RoPE angles:
+    ``rope`` picks the RoPE angles of LTX-Video and of LTX-2's video self-attention (its audio
+    and cross-modal RoPEs, one axis each, always take diffusers' tables):
 
     - ``"exact"`` (default): computed in the attention kernel from the token positions,
       reduced in fp64, so the ``[B, S, D]`` tables are never built. An fp32 model's output
@@ -176,6 +177,12 @@ def inject(
     - ``"stock"``: diffusers' own fp32 tables (``model.rope(...)``), applied with ``ltx_rope``:
       an fp32 model then agrees with stock to fp32 rounding (~2e-7 relative), e.g. to check
       a pipeline against stock outputs.
+
+    For LTX-2 the positions are the patches' midpoints over the video rotary module's bases;
+    the module still builds its tables (for whatever else receives them: a processor set after
+    inject, context parallelism's shards), which the q/k kernel does not read. Its angles are smaller (positions in pixels and seconds over 2048 / 20), so stock's fp32
+    tables are off by less: ~1e-5 relative on the output of the tiny test model, against
+    ~2e-7 for the exact angles (both vs the fp64 formula).
 
     A model that inject would not change (none of the families' classes, no module patched by
     class, and no attention processor for ``attention``) raises a ValueError naming its class

@@ -150,22 +150,111 @@ def test_compile_fullgraph():
         assert rel_err(ours, ref) < 1e-6
 
 
-def test_benchmark_inputs_run_on_the_tiny_config():
-    """The LTX-2 benchmark's model and inputs (its GPU run uses the 19 B config), on the CPU at
-    the tiny one, stock and injected."""
+def benchmark_tiny():
+    """The LTX-2 benchmark's model and step inputs at its tiny config (fp32, CPU)."""
     from ltx_kernels.bench import ltx2_e2e
 
     model = ltx2_e2e.random_transformer("ltx2-tiny", torch.float32, "cpu")
     frames, height, width, fps = ltx2_e2e.CONFIGS["ltx2-tiny"][1]
-    kw = ltx2_e2e.step_inputs(model, frames, height, width, fps, 7, "cpu")
+    return model, ltx2_e2e.step_inputs(model, frames, height, width, fps, 7, "cpu")
+
+
+def fp64_exact_rope_output(model, kw):
+    """``model``'s video output in fp64 with the video RoPE's tables formed in fp64 (diffusers'
+    formula, as test_video_rope_is_ltx_rope_angles_on_patch_midpoints writes it): the reference
+    of the in-kernel angles (stock forms the tables in fp32 even in an fp64 model)."""
+    reference = copy.deepcopy(model).double()
+    rope = reference.rope
+
+    def tables(coords, device=None):
+        mid = ((coords[..., 0] + coords[..., 1]) / 2.0).double().transpose(1, 2)  # [B, S, 3]
+        bases = torch.tensor([rope.base_num_frames, rope.base_height, rope.base_width], dtype=torch.float64)
+        freqs = rope.theta ** torch.linspace(0, 1, rope.dim // 6, dtype=torch.float64) * torch.pi / 2
+        angle = ((2 * (mid / bases).unsqueeze(-1) - 1) * freqs).transpose(-1, -2).flatten(2).repeat_interleave(2, -1)
+        pad = (*angle.shape[:-1], rope.dim % 6)
+        return (torch.cat([torch.ones(pad, dtype=torch.float64), angle.cos()], -1),
+                torch.cat([torch.zeros(pad, dtype=torch.float64), angle.sin()], -1))
+
+    rope.forward = tables
+    with torch.no_grad():
+        return reference(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+                            for k, v in kw.items()})[0]
+
+
+def test_benchmark_inputs_run_on_the_tiny_config():
+    """The LTX-2 benchmark's model and inputs (its GPU run uses the 19 B config), on the CPU at
+    the tiny one, stock and injected (with diffusers' RoPE tables: within fp32 rounding)."""
+    from ltx_kernels.bench import ltx2_e2e
+
+    model, kw = benchmark_tiny()
+    frames, height, width, fps = ltx2_e2e.CONFIGS["ltx2-tiny"][1]
     f, h, w, audio = ltx2_e2e.latent_shape(model, frames, height, width, fps)
     assert (f, h, w) == (2, 2, 3) and kw["hidden_states"].shape == (2, 12, 8)
     assert kw["audio_hidden_states"].shape == (2, audio, 8) and audio == round(9 / 24 * 25)
     with torch.no_grad():
         ref = model(**kw)[0]
-        report = inject_quietly(model)
+        report = inject_quietly(model, rope="stock")
         assert report.patched["GELU tanh (linear_gelu_tanh)"] == 2 * LAYERS, report
         assert ref.shape == (2, 12, 8) and rel_err(model(**kw)[0], ref) < 1e-5
+
+
+class QKNormRopeSpy:
+    """Counts ltx_qk_norm_rope calls (monkeypatched over ops')."""
+
+    def __init__(self, monkeypatch):
+        from ltx_kernels import ops
+
+        self.calls, real = 0, ops.ltx_qk_norm_rope
+
+        def spy(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(ops, "ltx_qk_norm_rope", spy)
+
+
+def test_video_self_attention_computes_its_rope_from_positions(monkeypatch):
+    """Under inject's default rope="exact" each block's video self-attention runs its q/k norms
+    and RoPE as one ltx_qk_norm_rope from the patches' midpoints: an fp32 model then agrees with
+    the fp64 formula to fp32 rounding, >10x closer than stock's fp32 tables (measured 1.9e-7
+    against 1.0e-5 at the benchmark's tiny config)."""
+    stock, kw = benchmark_tiny()
+    reference = fp64_exact_rope_output(stock, kw)
+    model = copy.deepcopy(stock)
+    report = inject_quietly(model)
+    assert report.patched[ltx2.ROPE_KIND] == 1
+    spy = QKNormRopeSpy(monkeypatch)
+    with torch.no_grad():
+        ours, plain = model(**kw)[0], stock(**kw)[0]
+    assert spy.calls == LAYERS  # the audio and cross-modal RoPEs (one axis) keep their tables
+    assert rel_err(ours, reference) < 1e-6
+    assert 10 * rel_err(ours, reference) < rel_err(plain, reference)
+    assert lkd.remove(model) > 0
+    with torch.no_grad():
+        assert torch.equal(model(**kw)[0], plain)
+
+
+@pytest.mark.parametrize("how", ["rope_stock", "processors_set_after_inject", "group_offload"])
+def test_tables_where_positions_cannot_go(how, monkeypatch):
+    """inject(rope="stock"), a stock processor set after inject (it receives the tables with
+    their positions, a tuple of them) and group offloading (its device transfer rebuilds the
+    tuple without them) all run diffusers' tables: stock's output within fp32 rounding."""
+    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
+
+    stock, kw = benchmark_tiny()
+    with torch.no_grad():
+        plain = stock(**kw)[0]
+    model = copy.deepcopy(stock)
+    if how == "group_offload":
+        group_offload_block_level(model)
+    report = inject_quietly(model, rope="stock" if how == "rope_stock" else "exact")
+    assert (ltx2.ROPE_KIND in report.patched) == (how != "rope_stock")
+    if how == "processors_set_after_inject":
+        model.set_attn_processor(LTX2AudioVideoAttnProcessor())
+    spy = QKNormRopeSpy(monkeypatch)
+    with torch.no_grad():
+        assert rel_err(model(**kw)[0], plain) < 1e-5
+    assert spy.calls == 0
 
 
 def test_benchmark_full_config_is_ltx2_19b():

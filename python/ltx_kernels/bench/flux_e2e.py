@@ -92,14 +92,16 @@ def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
              "|---|---|---|---|---|---|"] + [_row_line(r) for r in rows]
     by = {r["mode"]: r["step_ms"] for r in rows}
     pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
-             ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile")]
+             ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
+             ("ours", "ours+ropetables"), ("ours-fp8", "ours-fp8+ropetables")]
     speedups = [f"{a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``run`` and the report, shared by the image-model benchmarks."""
-    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+def add_run_arguments(parser: argparse.ArgumentParser, extra_modes: tuple[str, ...] = ()) -> None:
+    """The arguments of ``run`` and the report, shared by the image-model benchmarks
+    (``extra_modes``: a benchmark's own, beside MODES, not run by default)."""
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES + list(extra_modes))
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json")
     parser.add_argument("--markdown")

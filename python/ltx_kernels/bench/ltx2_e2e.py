@@ -11,7 +11,9 @@ latents (6,144 tokens, VAE scale 8 in time and 32 in space) and 126 audio latent
 benchmark (:mod:`ltx_kernels.bench.flux_e2e`), timed the same way; the error column compares
 the video output. At 19 B parameters (38 GB in bf16) a quantized mode's fresh copy does not fit
 beside the stock model on an 80 GB GPU: run the FP8 modes in a call of their own (as above),
-where no stock model is built.
+where no stock model is built. ``ours+ropetables`` / ``ours-fp8+ropetables``: ours with
+diffusers' video RoPE tables (``inject(rope="stock")``) instead of the positions the video
+self-attention's q/k kernel computes its angles from.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from ltx_kernels.bench import harness
 from ltx_kernels.bench.flux_e2e import add_run_arguments, markdown, run
-from ltx_kernels.bench.ltx_e2e import available_modes
+from ltx_kernels.bench.ltx_e2e import ROPE_TABLE_MODES, available_modes
 
 # name -> (config, (frames, height, width, fps) default, text tokens)
 CONFIGS = {
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ltx_kernels.bench.ltx2_e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="ltx2-19b", choices=sorted(CONFIGS))
-    add_run_arguments(parser)
+    add_run_arguments(parser, ROPE_TABLE_MODES)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         return harness.no_cuda("the LTX-2 end-to-end benchmark")

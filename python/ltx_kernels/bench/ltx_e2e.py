@@ -36,9 +36,12 @@ from ltx_kernels.bench import harness, ltx_models
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnbf16", "ours+attn8bit",
          "ours+attn8bit+compile", "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16",
          "ours-fp8+attnbf16+compile", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
+# ours with diffusers' RoPE tables (inject(rope="stock")) instead of the in-kernel angles, for
+# the LTX benchmarks (LTX-Video's and LTX-2's video RoPE), to compare the two in one run.
+ROPE_TABLE_MODES = ["ours+ropetables", "ours-fp8+ropetables"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
 QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16", "ours-fp8+attnbf16+compile",
-             "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile")
+             "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "ours-fp8+ropetables", "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -62,10 +65,11 @@ def set_mode(model, mode: str) -> None:
             module._compiled_call_impl = None
     torch._dynamo.reset()
     attention = "8bit" if "+attn8bit" in mode else "bf16" if "+attnbf16" in mode else None
+    rope = "stock" if "+ropetables" in mode else "exact"
     if mode.startswith("ours-fp8"):
-        lkd.inject(model, precision="fp8", attention=attention)
+        lkd.inject(model, precision="fp8", attention=attention, rope=rope)
     elif mode.startswith("ours"):
-        lkd.inject(model, attention=attention)
+        lkd.inject(model, attention=attention, rope=rope)
     elif mode.startswith("torchao"):
         _torchao_fp8(model)
     if mode.endswith("compile"):
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, nargs="+", default=[49, 161])
     parser.add_argument("--height", type=int, default=512)
     parser.add_argument("--width", type=int, default=768)
-    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES + ROPE_TABLE_MODES)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--loop-steps", type=int, default=8, help="denoising loop length (0: no loop)")
     parser.add_argument("--json")

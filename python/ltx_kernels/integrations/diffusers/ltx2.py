@@ -9,6 +9,14 @@ projections, ``norm_q`` / ``norm_k`` as ``rms_norm``, the RoPE as ``ltx_rope`` o
 own (cos, sin) tables (stock upcasts q and k to fp32 and multiplies and adds them there) and
 attention through diffusers' dispatcher, as stock. Blocks with perturbed attention (STG) and
 attention with the split RoPE stay stock (reported).
+
+Under ``inject(rope="exact")`` (the default) the video self-attention takes its q/k norms and
+RoPE as one ``ltx_qk_norm_rope`` launch that computes the angles from the token positions (the
+patches' midpoints over the rotary module's bases: LTX-Video's RoPE), instead of two norms and
+two launches reading the ``[B, S, D]`` fp32 tables: the video rotary module returns its tables
+as stock with the positions beside them (:class:`VideoRopeTables`). Whoever else receives them
+(a processor that is not ours, a stock block, context parallelism's sharding hook, which
+returns plain tuples) sees the stock tables.
 """
 
 from __future__ import annotations
@@ -17,18 +25,84 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched
+from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, patch
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
+from .ltx_video import LtxRopePositions
 
 BLOCK_KIND = "LTX2VideoTransformerBlock (adaln_rms_norm, gated_residual)"
 ATTN_KIND = "LTX2Attention, interleaved RoPE (rms_norm, ltx_rope)"
+ROPE_KIND = "LTX2AudioVideoRotaryPosEmbed, video: positions for the q/k kernel (ltx_qk_norm_rope)"
 
 
 def _eps(norm: nn.Module, x: torch.Tensor) -> float:
     """A norm's eps; torch.nn.RMSNorm's None means the dtype's machine epsilon."""
     return norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+
+
+class VideoRopeTables(tuple):
+    """The video rotary module's ``(cos, sin)``, as stock computes them, and ``positions``
+    (:class:`LtxRopePositions`: the patches' midpoints ``[B, 3, S]`` over the module's bases),
+    from which ``ltx_qk_norm_rope`` computes the same rotation in the kernel, in fp64. A hook
+    that rebuilds the tuple (group offloading's device transfer: ``type(t)(...)``) leaves
+    ``positions`` None, and the tables are used."""
+
+    positions: LtxRopePositions | None = None
+
+
+def _video_rope_forward(self: nn.Module, coords: torch.Tensor, device=None):
+    """Stock ``LTX2AudioVideoRotaryPosEmbed.forward`` (video, interleaved), its tables returned
+    with the positions they come from."""
+    tables = VideoRopeTables(type(self).forward(self, coords, device))
+    if coords.ndim == 4:  # patch boundaries [start, end): the midpoint, as stock forms it
+        coords = (coords[..., 0] + coords[..., 1]) / 2.0
+    tables.positions = LtxRopePositions(dict(
+        num_frames=None, height=None, width=None, video_coords=coords.to(device or coords.device),
+        theta=float(self.theta), base_num_frames=self.base_num_frames, base_height=self.base_height,
+        base_width=self.base_width,
+    ))
+    return tables
+
+
+def _rope_positions(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, query_rotary_emb,
+                    key_rotary_emb) -> LtxRopePositions | None:
+    """The positions of a self-attention's RoPE when ``ltx_qk_norm_rope`` can take them: the
+    video module's tables came with positions for every token of ``query`` (context
+    parallelism's shards come as plain tables), one RoPE for q and k, norms with one eps."""
+    if getattr(query_rotary_emb, "positions", None) is None or key_rotary_emb is not None:
+        return None
+    coords = query_rotary_emb.positions.kwargs["video_coords"]
+    if (key.shape != query.shape or coords.shape[0] != query.shape[0] or coords.shape[-1] != query.shape[1]
+            or query_rotary_emb[0].shape[-1] != query.shape[-1]
+            or _eps(attn.norm_q, query) != _eps(attn.norm_k, key)):
+        return None
+    return query_rotary_emb.positions
+
+
+def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, query_rotary_emb, key_rotary_emb):
+    """norm_q / norm_k and the RoPE: one ``ltx_qk_norm_rope`` launch where the positions came
+    (:func:`_rope_positions`), else two ``rms_norm`` and two table-reading ``ltx_rope``; with the
+    norms called as modules where hooks must see them (the angles from the positions still)."""
+    positions = _rope_positions(attn, query, key, query_rotary_emb, key_rotary_emb)
+    if positions is not None:
+        return call_fused(
+            (attn.norm_q, attn.norm_k),
+            lambda: ops.ltx_qk_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
+                                         _eps(attn.norm_q, query), **positions.kwargs),
+            lambda: tuple(ops.ltx_rope_angles(norm(x), **positions.kwargs)
+                          for norm, x in ((attn.norm_q, query), (attn.norm_k, key))),
+        )
+    query, key = call_fused(
+        (attn.norm_q, attn.norm_k),
+        lambda: (ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q, query)),
+                 ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k, key))),
+        lambda: (attn.norm_q(query), attn.norm_k(key)),
+    )
+    if query_rotary_emb is not None:
+        query = ops.ltx_rope(query, *query_rotary_emb)
+        key = ops.ltx_rope(key, *(query_rotary_emb if key_rotary_emb is None else key_rotary_emb))
+    return query, key
 
 
 class LTX2KernelsAttnProcessor(ProcessorOverStock):
@@ -56,15 +130,7 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
             attention_mask = attn.prepare_attention_mask(attention_mask, length, batch)
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
         query, key, value = _fp8.attention_projections(attn, hidden_states, encoder_hidden_states)
-        query, key = call_fused(
-            (attn.norm_q, attn.norm_k),
-            lambda: (ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q, query)),
-                     ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k, key))),
-            lambda: (attn.norm_q(query), attn.norm_k(key)),
-        )
-        if query_rotary_emb is not None:
-            query = ops.ltx_rope(query, *query_rotary_emb)
-            key = ops.ltx_rope(key, *(query_rotary_emb if key_rotary_emb is None else key_rotary_emb))
+        query, key = _qk_norm_rope(attn, query, key, query_rotary_emb, key_rotary_emb)
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
         out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
@@ -265,13 +331,19 @@ def _model_classes() -> tuple[type, ...]:
 
 def patch_model(model: nn.Module, report, options) -> None:
     """Patches ``model``'s blocks and the processors of their six attentions (norms and the
-    feed-forwards' GELU are patched by class)."""
+    feed-forwards' GELU are patched by class), and under ``options.rope == "exact"`` the video
+    rotary module (its tables come with their positions)."""
     if any(is_patched(block) for block in model.transformer_blocks):
         return
     patch_blocks(model, "transformer_blocks", _block_forward, _block_problem, BLOCK_KIND, report)
     for name in _ATTENTIONS:
         patch_processors(model, model.transformer_blocks, name, _attn_problem, LTX2KernelsAttnProcessor, ATTN_KIND,
                          report)
+    rope = getattr(model, "rope", None)
+    if (options.rope == "exact" and rope is not None and not is_patched(rope)
+            and getattr(rope, "modality", None) == "video" and getattr(rope, "rope_type", None) == "interleaved"):
+        patch(rope, _video_rope_forward)
+        report.patched[ROPE_KIND] += 1
 
 
 FAMILY = Family("LTX-2", _model_classes, patch_model)
