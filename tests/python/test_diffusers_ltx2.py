@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import DEVICES, rel_err
 
 pytest.importorskip("diffusers")
 from diffusers import LTX2VideoTransformer3DModel  # noqa: E402
@@ -213,22 +213,25 @@ class QKNormRopeSpy:
         monkeypatch.setattr(ops, "ltx_qk_norm_rope", spy)
 
 
-def test_video_self_attention_computes_its_rope_from_positions(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_video_self_attention_computes_its_rope_from_positions(device, monkeypatch):
     """Under inject's default rope="exact" each block's video self-attention runs its q/k norms
     and RoPE as one ltx_qk_norm_rope from the patches' midpoints: an fp32 model then agrees with
-    the fp64 formula to fp32 rounding, >10x closer than stock's fp32 tables (measured 1.9e-7
-    against 1.0e-5 at the benchmark's tiny config)."""
+    the fp64 formula to fp32 rounding, >10x closer than stock's fp32 tables (measured on the CPU
+    1.9e-7 against 1.0e-5 at the benchmark's tiny config)."""
     stock, kw = benchmark_tiny()
     reference = fp64_exact_rope_output(stock, kw)
+    stock = stock.to(device)
+    kw = {k: v.to(device) if torch.is_tensor(v) else v for k, v in kw.items()}
     model = copy.deepcopy(stock)
     report = inject_quietly(model)
     assert report.patched[ltx2.ROPE_KIND] == 1
     spy = QKNormRopeSpy(monkeypatch)
     with torch.no_grad():
-        ours, plain = model(**kw)[0], stock(**kw)[0]
+        ours, plain = model(**kw)[0].cpu(), stock(**kw)[0]
     assert spy.calls == LAYERS  # the audio and cross-modal RoPEs (one axis) keep their tables
     assert rel_err(ours, reference) < 1e-6
-    assert 10 * rel_err(ours, reference) < rel_err(plain, reference)
+    assert 10 * rel_err(ours, reference) < rel_err(plain.cpu(), reference)
     assert lkd.remove(model) > 0
     with torch.no_grad():
         assert torch.equal(model(**kw)[0], plain)
