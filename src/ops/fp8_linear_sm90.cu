@@ -80,6 +80,21 @@ struct Fp8Gemm {
                                                       CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+  // The persistent scheduler's swizzle: 8 rows of output tiles walked together instead of 1.
+  // CUTLASS walks the tiles along N (where tiles_m >= tiles_n), so where N spans many tiles a
+  // wave of one tile per SM covers a row or two of tiles and streams all of B through L2 each
+  // wave (LTX-2's FF up projection: 64 tiles of 256 columns, its 64 MB weight > L2); grouping 8
+  // rows of tiles keeps a wave's B columns few. Measured on the H100 (benchmarks/results/h100/
+  // gemm_swizzle.md): 12288 x 4096 -> 16384 1479 -> 1289 us; the residual epilogue (which also
+  // reads C) gains at every large grid measured but one (1342 -> 1229 us at 12288 x 16384 ->
+  // 4096); the plain GEMM with N of 16 or 32 tiles gains nothing or loses up to 4%, and a grid
+  // of under 4 waves loses up to 2x (1000 x 3072 -> 3072: 24 -> 48 us): those keep 1.
+  static int swizzle(const Fp8LinearParams& p, int64_t rows, int batches, int sm_count) {
+    const int64_t tiles_n = (p.n + size<1>(TileShape{}) - 1) / size<1>(TileShape{});
+    const int64_t tiles = (rows + size<0>(TileShape{}) - 1) / size<0>(TileShape{}) * tiles_n * batches;
+    return tiles >= 4 * sm_count && (kGated || tiles_n >= 64) ? 8 : 1;
+  }
+
   static typename Gemm::Arguments arguments(const Fp8LinearParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
@@ -120,6 +135,7 @@ struct Fp8Gemm {
       args.epilogue.thread = {scaled, {static_cast<const ElementOut*>(p.bias)}, {}};
     }
     args.hw_info.sm_count = sm_count;
+    args.scheduler.max_swizzle_size = swizzle(p, rows, batches, sm_count);
     return args;
   }
 

@@ -29,10 +29,11 @@ SHAPES = [
     ("ltx49f ff-up", 5376, 2048, 8192),
     ("ltx49f ff-down", 5376, 8192, 2048),
     ("ltx49f qkvo", 5376, 2048, 2048),
-    # LTX-2 19B, 121 frames 768x512, CFG batch 2: 2 x 12288 video tokens, D 4096
-    ("ltx2 ff-up", 24576, 4096, 16384),
-    ("ltx2 ff-down", 24576, 16384, 4096),
-    ("ltx2 qkvo", 24576, 4096, 4096),
+    # LTX-2 19B, 121 frames 768x512, CFG batch 2: 2 x 6144 video tokens, D 4096 (audio 2048)
+    ("ltx2 ff-up", 12288, 4096, 16384),
+    ("ltx2 ff-down", 12288, 16384, 4096),
+    ("ltx2 qkvo", 12288, 4096, 4096),
+    ("ltx2 video->audio", 12288, 4096, 2048),
     ("held-out 1000x3072x3072", 1000, 3072, 3072),
     ("held-out 4096x4096x14336", 4096, 4096, 14336),
     ("held-out 333x5120x1536", 333, 5120, 1536),
