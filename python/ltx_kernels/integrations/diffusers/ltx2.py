@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, patch
+from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, patch, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -159,17 +159,26 @@ def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torc
     )
 
 
+def _gated_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor | None, **inputs):
+    """``x + gate * attn(**inputs)`` (no gate: ``x + attn(...)``, as stock). Where our processor
+    runs unhooked and :func:`_fp8.out_projection_fuses_residual`, the output projection's FP8
+    GEMM writes the sum (a gate of ones where there is none) instead of its output for a
+    gated_residual pass."""
+    if isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn):
+        gemm_gate = gate if gate is not None else x.new_ones(x.size(0), 1, x.size(-1))
+        if _fp8.out_projection_fuses_residual(attn, x, gemm_gate):
+            heads = attn.processor.attention(attn, **inputs)
+            return _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], x, gemm_gate)
+    return ops.gated_residual(x, attend(attn, **inputs), gate)
+
+
 def _self_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, scale, shift, gate, rope, mask):
     """One stream's ``x + gate * attn(norm(x) * (1 + scale) + shift)``. Under FP8 the norm writes
     its output quantized for the q/k/v projections, and the output projection's GEMM writes the
-    gated residual where :func:`_fp8.out_projection_fuses_residual`."""
+    gated residual (:func:`_gated_attention`)."""
     quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
-    normed = _modulate(norm, x, scale, shift, quantized)
-    if quantized and _fp8.out_projection_fuses_residual(attn, x, gate):
-        heads = attn.processor.attention(attn, normed, None, mask, rope)
-        return _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], x, gate)
-    out = attend(attn, hidden_states=normed, encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
-    return ops.gated_residual(x, out, gate)
+    return _gated_attention(attn, x, gate, hidden_states=_modulate(norm, x, scale, shift, quantized),
+                            encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
 
 
 def _feed_forward(norm: nn.Module, ff: nn.Module, x: torch.Tensor, scale, shift, gate) -> torch.Tensor:
@@ -187,28 +196,31 @@ def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: tor
                     modulated: bool) -> torch.Tensor:
     """One stream's cross-attention to the text, ``x + gate * attn(norm(x)...)``: the query
     modulated and the output gated by ``params[6:9]`` (shift, scale, gate) where LTX-2.3's
-    ``cross_attn_mod`` is on, plain otherwise."""
+    ``cross_attn_mod`` is on, plain otherwise (no gate)."""
+    quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
     if modulated:
         shift, scale, gate = params[6:9]
-        query = _modulate(norm, x, scale, shift, _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor))
+        query = _modulate(norm, x, scale, shift, quantized)
     else:
         query, gate = norm(x), None
-    out = attend(attn, query, encoder_hidden_states=text, query_rotary_emb=None, attention_mask=mask)
-    return ops.gated_residual(x, out, gate)
+    return _gated_attention(attn, x, gate, hidden_states=query, encoder_hidden_states=text,
+                            query_rotary_emb=None, attention_mask=mask)
 
 
-def _cross_modal_attention(attn: nn.Module, query_side: tuple, key_side: tuple, query_rope, key_rope,
-                           mask) -> torch.Tensor:
-    """Audio-to-video or video-to-audio attention: each side ``(norm, x, scale, shift)`` is
-    ``norm(x)`` modulated by its own (squeezed, as stock) scale and shift; the queries come from
-    one stream, the keys and values from the other, each with its RoPE."""
+def _cross_modal_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor, query_side: tuple,
+                           key_side: tuple, query_rope, key_rope, mask) -> torch.Tensor:
+    """``x + gate * attn(...)``, audio-to-video or video-to-audio attention: each side ``(norm,
+    stream, scale, shift)`` is ``norm(stream)`` modulated by its own (squeezed, as stock) scale
+    and shift; the queries come from one stream (``x``'s), the keys and values from the other,
+    each with its RoPE."""
     quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
 
-    def side(norm, x, scale, shift):
-        return _modulate(norm, x, scale.squeeze(2), shift.squeeze(2), quantized)
+    def side(norm, stream, scale, shift):
+        return _modulate(norm, stream, scale.squeeze(2), shift.squeeze(2), quantized)
 
-    return attend(attn, side(*query_side), encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
-                  key_rotary_emb=key_rope, attention_mask=mask)
+    return _gated_attention(attn, x, gate, hidden_states=side(*query_side),
+                            encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
+                            key_rotary_emb=key_rope, attention_mask=mask)
 
 
 def _block_forward(
@@ -283,17 +295,17 @@ def _block_forward(
         v2a_gate = mod(a_table[4:, :], temb_ca_audio_gate, batch)[0].squeeze(2)
         video_norm, audio_norm = self.audio_to_video_norm, self.video_to_audio_norm
         if use_a2v_cross_attention:
-            out = _cross_modal_attention(self.audio_to_video_attn,
-                                         (video_norm, hidden_states, v_a2v_scale, v_a2v_shift),
-                                         (audio_norm, audio_hidden_states, a_a2v_scale, a_a2v_shift),
-                                         ca_video_rotary_emb, ca_audio_rotary_emb, a2v_cross_attention_mask)
-            new_hidden_states = ops.gated_residual(hidden_states, out, a2v_gate)
+            new_hidden_states = _cross_modal_attention(
+                self.audio_to_video_attn, hidden_states, a2v_gate,
+                (video_norm, hidden_states, v_a2v_scale, v_a2v_shift),
+                (audio_norm, audio_hidden_states, a_a2v_scale, a_a2v_shift),
+                ca_video_rotary_emb, ca_audio_rotary_emb, a2v_cross_attention_mask)
         if use_v2a_cross_attention:  # reads the video stream from before the a2v update, as stock
-            out = _cross_modal_attention(self.video_to_audio_attn,
-                                         (audio_norm, audio_hidden_states, a_v2a_scale, a_v2a_shift),
-                                         (video_norm, hidden_states, v_v2a_scale, v_v2a_shift),
-                                         ca_audio_rotary_emb, ca_video_rotary_emb, v2a_cross_attention_mask)
-            audio_hidden_states = ops.gated_residual(audio_hidden_states, out, v2a_gate)
+            audio_hidden_states = _cross_modal_attention(
+                self.video_to_audio_attn, audio_hidden_states, v2a_gate,
+                (audio_norm, audio_hidden_states, a_v2a_scale, a_v2a_shift),
+                (video_norm, hidden_states, v_v2a_scale, v_v2a_shift),
+                ca_audio_rotary_emb, ca_video_rotary_emb, v2a_cross_attention_mask)
         if use_a2v_cross_attention:
             hidden_states = new_hidden_states
 
