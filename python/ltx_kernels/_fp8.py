@@ -239,13 +239,30 @@ def attention_takes_quantized(attn: nn.Module, processor: type) -> bool:
             and getattr(attn, "to_gate_logits", None) is None and take_quantized((attn.to_q, attn.to_k, attn.to_v)))
 
 
+def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: torch.Tensor,
+                              dropout: nn.Module | None = None) -> bool:
+    """Whether ``residual + gate * dropout(linear(x))`` can be one FP8 GEMM
+    (:func:`matmul_gated_residual`): ``linear`` is our FP8 linear and the dropout (if any) does
+    nothing, both unhooked, and the gate :func:`fuses_gated_residual`."""
+    return (fuses_gated_residual(residual, gate) and take_quantized((linear,))
+            and (dropout is None or (type(dropout) is nn.Dropout and runs_unhooked(dropout)
+                                     and dropout_is_identity(dropout))))
+
+
 def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor) -> bool:
     """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
-    (:func:`matmul_gated_residual`): the output projection is our FP8 linear and its dropout
-    does nothing, both unhooked, and the gate :func:`fuses_gated_residual`."""
-    out, dropout = attn.to_out[0], attn.to_out[1]
-    return (fuses_gated_residual(residual, gate) and take_quantized((out,))
-            and type(dropout) is nn.Dropout and runs_unhooked(dropout) and dropout_is_identity(dropout))
+    (:func:`projection_fuses_residual` of the output projection and its dropout)."""
+    return projection_fuses_residual(attn.to_out[0], residual, gate, attn.to_out[1])
+
+
+def projected_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
+                       dropout: nn.Module | None = None) -> torch.Tensor:
+    """``residual + gate * dropout(linear(x))``: one FP8 GEMM writing the sum where
+    :func:`projection_fuses_residual`, else the modules, then ``gated_residual``."""
+    if projection_fuses_residual(linear, residual, gate, dropout):
+        return matmul_gated_residual(*ops.quantize_fp8(x), linear, residual, gate)
+    out = linear(x)
+    return ops.gated_residual(residual, out if dropout is None else dropout(out), gate)
 
 
 def dropout_is_identity(dropout: nn.Dropout) -> bool:

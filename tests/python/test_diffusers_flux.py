@@ -202,6 +202,47 @@ def test_fp8_runs_within_the_format_error():
     assert report.patched[flux.BLOCK_KIND] == 2
 
 
+def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(monkeypatch):
+    """inject(precision="fp8") on FLUX: each stream's q/k/v read one quantization of their
+    input, a single block's q/k/v and proj_mlp one of its norm's output, and every gated
+    residual is written by the GEMM before it (the double blocks' output projections and
+    feed-forward down projections, the single blocks' proj_out: 4 + 4 + 2 = 10 in the tiny
+    model), with no gated_residual pass; the output stays within the format's error, and is
+    what the same model computes with those fusions off (a hook on each fused module)."""
+    from test_fp8 import count_quantizations
+
+    from ltx_kernels import _fp8
+
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    with torch.no_grad():
+        unfused_model = copy.deepcopy(model)
+        for name, m in unfused_model.named_modules():
+            if name.endswith(("attn", "proj_mlp", "proj_out", "to_out.0", "to_add_out", "ff", "ff_context")):
+                m.register_forward_hook(lambda module, args, output: None)
+        unfused = unfused_model(**flux_kwargs())[0]
+    calls = count_quantizations(monkeypatch)
+    fused, passes = [], []
+    gemm = _fp8.ops.fp8_linear_gated_residual
+    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
+    monkeypatch.setattr(flux.ops, "gated_residual", lambda *args: passes.append(args) or args[0])
+    with torch.no_grad():
+        got = model(**flux_kwargs())[0]
+        reference = stock(**flux_kwargs())[0]
+    assert len(fused) == 10 and not passes
+    # per double block: q/k/v of each stream, the two output projections' inputs, each FF's
+    # input and its GELU-quantized hidden; per single block: the shared input, proj_out's; and
+    # one for each other FP8 linear (embedders, the AdaLN modulations' linears), called once
+    blocks = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+              "net.0.proj", "net.2", "proj_mlp", "proj_out")
+    others = [n for n, m in model.named_modules() if _fp8.is_quantized(m) and not n.endswith(blocks)]
+    assert len(others) == 12
+    assert len(calls) == len(others) + 2 * 8 + 2 * 2 and calls.count("gelu_tanh") == 2 * 2, calls
+    assert 0 < rel_err(got, reference) < 5e-2
+    assert rel_err(got, unfused) < 1e-2  # the same FP8 roundings but the residuals' (rounded once)
+
+
 def test_benchmark_inputs_run_on_the_tiny_config():
     """The FLUX benchmark's model and inputs (its GPU run uses the full 'dev' config), on the
     CPU at the tiny one, stock and injected."""

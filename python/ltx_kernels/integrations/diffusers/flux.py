@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels._forwards import linear_gelu_tanh
-from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
 ADALN_KIND = "AdaLayerNormZero (adaln_layer_norm)"
@@ -33,15 +33,40 @@ SINGLE_KIND = "FluxSingleTransformerBlock (linear_gelu_tanh, gated_residual)"
 ATTN_KIND = "FluxAttention RoPE (apply_rotary_pos_emb)"
 
 
+def _projections(attn: nn.Module, hidden_states, encoder_hidden_states=None) -> tuple:
+    """diffusers' q, k, v of each stream (``_get_qkv_projections``); under FP8 the projections
+    of one input share its quantization (:func:`_fp8.linears`; ``hidden_states`` may come
+    quantized, :class:`_fp8.Quantized`). Fused ``to_qkv`` projections stay diffusers'."""
+    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+
+    if attn.fused_projections:
+        return _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    query, key, value = _fp8.attention_projections(attn, hidden_states)
+    if encoder_hidden_states is None or attn.added_kv_proj_dim is None:
+        return query, key, value, None, None, None
+    return query, key, value, *_fp8.linears(encoder_hidden_states, (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+
+
 class FluxKernelsAttnProcessor(ProcessorOverStock):
     """diffusers' FluxAttnProcessor with q's and k's RoPE in one ``apply_rotary_pos_emb``."""
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
                  attention_mask=None, image_rotary_emb=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-        from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+        out = self.attention(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if encoder_hidden_states is None:
+            return out
+        image, text = out
+        return attn.to_out[1](attn.to_out[0](image)), attn.to_add_out(text)
 
-        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+    def attention(self, attn: nn.Module, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                  image_rotary_emb=None):
+        """What ``__call__`` computes before the output projections: the heads' outputs ``[B,
+        S, inner_dim]``, for a joint attention (``encoder_hidden_states`` given) ``(image,
+        text)``. ``hidden_states`` may come quantized where :func:`_fp8.attention_takes_quantized`
+        (the single blocks' shared input)."""
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        query, key, value, encoder_query, encoder_key, encoder_value = _projections(
             attn, hidden_states, encoder_hidden_states
         )
         query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
@@ -63,8 +88,7 @@ class FluxKernelsAttnProcessor(ProcessorOverStock):
         text = encoder_hidden_states.shape[1]
         encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
             [text, hidden_states.shape[1] - text], dim=1)
-        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.contiguous()))
-        return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+        return hidden_states.contiguous(), encoder_hidden_states.contiguous()
 
 
 def _attn_problem(attn: nn.Module) -> str | None:
@@ -123,7 +147,22 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
         encoder_hidden_states, emb=temb
     )
-    attention_outputs = self.attn(
+    attn = self.attn
+    if not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn):
+        # Our processor called for the heads, so that under FP8 each output projection's GEMM
+        # writes its stream's gated residual (_fp8.projected_residual).
+        image, text = attn.processor.attention(attn, norm_hidden_states, norm_encoder_hidden_states, None,
+                                               image_rotary_emb)
+        hidden_states = _fp8.projected_residual(attn.to_out[0], image, hidden_states, gate_msa[:, None],
+                                                attn.to_out[1])
+        hidden_states = feed_forward_update(hidden_states, self.norm2, self.ff, shift_mlp, scale_mlp, gate_mlp)
+        encoder_hidden_states = _fp8.projected_residual(attn.to_add_out, text, encoder_hidden_states,
+                                                        c_gate_msa[:, None])
+        encoder_hidden_states = feed_forward_update(encoder_hidden_states, self.norm2_context, self.ff_context,
+                                                    c_shift_mlp, c_scale_mlp, c_gate_mlp)
+        return _clip_fp16(encoder_hidden_states), hidden_states
+
+    attention_outputs = attn(
         hidden_states=norm_hidden_states,
         encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb,
@@ -144,8 +183,12 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
 
 def feed_forward_update(x: torch.Tensor, norm: nn.Module, ff, shift, scale, gate) -> torch.Tensor:
     """An AdaLN-Zero stream's feed-forward half, ``x + gate * ff(norm(x) * (1 + scale) + shift)``
-    with per-sample [B, D] shift, scale and gate: one norm pass, then one gated residual."""
-    return ops.gated_residual(x, ff(modulate(norm, x, scale, shift)), gate[:, None])
+    with per-sample [B, D] shift, scale and gate: one norm pass, then one gated residual; under
+    FP8 the down projection's GEMM writes it (:func:`_fp8.feed_forward_gated_residual`)."""
+    normed, gate = modulate(norm, x, scale, shift), gate[:, None]
+    if _fp8.feed_forward_takes_quantized(ff) and _fp8.fuses_gated_residual(x, gate):
+        return _fp8.feed_forward_gated_residual(ff, _fp8.Quantized(*ops.quantize_fp8(normed), x.dtype), x, gate)
+    return ops.gated_residual(x, ff(normed), gate)
 
 
 def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -154,13 +197,22 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    # A LoRA-wrapped, FP8 or library-owned projection runs as itself, then act_mlp.
-    mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states,
-                                         lambda: self.act_mlp(self.proj_mlp(norm_hidden_states)), (self.act_mlp,))
-    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
-                            **(joint_attention_kwargs or {}))
+    if (not joint_attention_kwargs and _fp8.attention_takes_quantized(self.attn, FluxKernelsAttnProcessor)
+            and _fp8.take_quantized((self.proj_mlp,))):
+        # FP8: q, k, v and proj_mlp read one quantization of the norm's output.
+        shared = _fp8.Quantized(*ops.quantize_fp8(norm_hidden_states), norm_hidden_states.dtype)
+        (mlp_hidden_states,) = _fp8.linears(shared, (self.proj_mlp,))
+        mlp_hidden_states = self.act_mlp(mlp_hidden_states)
+        attn_output = self.attn.processor.attention(self.attn, shared, None, None, image_rotary_emb)
+    else:
+        # A LoRA-wrapped, FP8 or library-owned projection runs as itself, then act_mlp.
+        mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states,
+                                             lambda: self.act_mlp(self.proj_mlp(norm_hidden_states)),
+                                             (self.act_mlp,))
+        attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                                **(joint_attention_kwargs or {}))
     hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
-    hidden_states = _clip_fp16(ops.gated_residual(residual, self.proj_out(hidden_states), gate[:, None]))
+    hidden_states = _clip_fp16(_fp8.projected_residual(self.proj_out, hidden_states, residual, gate[:, None]))
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
