@@ -19,6 +19,7 @@ from test_diffusers_flux import (  # noqa: E402
     assert_bf16_no_worse_than_stock,
     assert_composes_with_inject,
     assert_hooked_call_runs,
+    assert_fp8_within_format_error,
     assert_trains_like_stock,
     group_offload_block_level,
     inject_quietly,
@@ -76,6 +77,20 @@ def test_feed_forward_chunking_stays_stock_and_is_reported():
     report = inject_quietly(model)
     assert report.patched[sd3.BLOCK_KIND] == 0
     assert any("chunking" in s for s in report.skipped), report.skipped
+
+
+def test_fp8_projections_share_quantizations_and_ffs_write_residuals(monkeypatch):
+    """inject(precision="fp8"): within the format's error of fp32; each stream's q/k/v read one
+    quantization of their input (the image stream: two fewer a block than one each) and each
+    feed-forward's down projection GEMM writes its gated residual (the image stream's in both
+    blocks, the text stream's in the first: the last block's text is context_pre_only)."""
+    from test_fp8 import fp8_sharing_and_fusions
+
+    model = tiny_sd3()
+    assert_fp8_within_format_error(model, sd3_kwargs())
+    inject_quietly(model, precision="fp8")
+    shared, one_by_one, fused = fp8_sharing_and_fusions(model, sd3_kwargs(), monkeypatch)
+    assert one_by_one - shared == 2 * 2 and fused == 3
 
 
 def test_remove_compile_and_training():

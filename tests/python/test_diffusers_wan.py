@@ -208,6 +208,17 @@ def test_fp8_runs_within_the_format_error():
     assert report.patched[wan.BLOCK_KIND] == 2
 
 
+def test_fp8_self_attention_shares_a_quantization_and_the_ffn_writes_its_residual(monkeypatch):
+    """Under FP8 each block's self-attention q/k/v read one quantization of their input (two
+    fewer a block than one each) and the FFN's down projection GEMM writes the gated residual."""
+    from test_fp8 import fp8_sharing_and_fusions
+
+    model = tiny_wan()
+    inject_quietly(model, precision="fp8")
+    shared, one_by_one, fused = fp8_sharing_and_fusions(model, wan_kwargs(), monkeypatch)
+    assert one_by_one - shared == 2 * 2 and fused == 2
+
+
 def test_benchmark_inputs_run_on_the_tiny_config():
     """The Wan benchmark's model and inputs (its GPU run uses the 14B config), on the CPU at the
     tiny one, stock and injected: the fp32 modules diffusers keeps are fp32, the token count is

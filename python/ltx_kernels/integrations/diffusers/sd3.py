@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels._patching import ProcessorOverStock, is_patched
 from ltx_kernels.integrations.family import Family
 
@@ -41,21 +41,22 @@ class SD3KernelsJointAttnProcessor(ProcessorOverStock):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.unflatten(-1, (attn.heads, -1))
 
-        query, key, value = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
+        # (under FP8, projections of one input share its quantization: _fp8.linears)
+        query, key, value = (heads(t) for t in _fp8.attention_projections(attn, hidden_states))
         if attn.norm_q is not None:
             query = attn.norm_q(query)
         if attn.norm_k is not None:
             key = attn.norm_k(key)
         if encoder_hidden_states is not None:
-            context_query = heads(attn.add_q_proj(encoder_hidden_states))
-            context_key = heads(attn.add_k_proj(encoder_hidden_states))
+            context_query, context_key, context_value = (heads(t) for t in _fp8.linears(
+                encoder_hidden_states, (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)))
             if attn.norm_added_q is not None:
                 context_query = attn.norm_added_q(context_query)
             if attn.norm_added_k is not None:
                 context_key = attn.norm_added_k(context_key)
             query = torch.cat([query, context_query], dim=1)
             key = torch.cat([key, context_key], dim=1)
-            value = torch.cat([value, heads(attn.add_v_proj(encoder_hidden_states))], dim=1)
+            value = torch.cat([value, context_value], dim=1)
         out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
         out = out.flatten(2, 3).to(query.dtype)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ltx_kernels import ops
+from ltx_kernels import _fp8, ops
 from ltx_kernels._forwards import layer_norm_forward
 from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched
 from ltx_kernels.integrations.family import Family
@@ -57,7 +57,10 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
         if cos is None or not (cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[2] == 1):
             # No RoPE, or tables not of WanRotaryPosEmbed's [1, S, 1, head_dim] shape: stock's steps
             return self._stock(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
-        query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        if attn.fused_projections or encoder_hidden_states is not None:
+            query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        else:  # under FP8, q/k/v share one quantization of their input (_fp8.linears)
+            query, key, value = _fp8.attention_projections(attn, hidden_states)
         query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
         key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
@@ -104,8 +107,12 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     attn_output = self.attn2(_cross_attn_norm(self.norm2, hidden_states), encoder_hidden_states, None, None)
     hidden_states = hidden_states + attn_output
 
-    ff_output = self.ffn(_modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa))
-    return ops.gated_residual(hidden_states, ff_output.to(dtype), c_gate_msa.to(dtype))
+    normed, gate = _modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa), c_gate_msa.to(dtype)
+    if _fp8.feed_forward_takes_quantized(self.ffn) and _fp8.fuses_gated_residual(hidden_states, gate):
+        # FP8: the FF's down projection GEMM writes the gated residual
+        return _fp8.feed_forward_gated_residual(self.ffn, _fp8.Quantized(*ops.quantize_fp8(normed), dtype),
+                                                hidden_states, gate)
+    return ops.gated_residual(hidden_states, self.ffn(normed).to(dtype), gate)
 
 
 def _plain_fp32_layer_norm(norm: nn.Module, affine: bool) -> bool:
