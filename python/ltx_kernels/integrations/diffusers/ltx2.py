@@ -164,7 +164,8 @@ def _gated_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor | None
     runs unhooked and :func:`_fp8.out_projection_fuses_residual`, the output projection's FP8
     GEMM writes the sum (a gate of ones where there is none) instead of its output for a
     gated_residual pass."""
-    if isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn):
+    if (isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn)
+            and _fp8.is_quantized(attn.to_out[0])):  # (no gate of ones made for a bf16 model)
         gemm_gate = gate if gate is not None else x.new_ones(x.size(0), 1, x.size(-1))
         if _fp8.out_projection_fuses_residual(attn, x, gemm_gate):
             heads = attn.processor.attention(attn, **inputs)
