@@ -346,7 +346,8 @@ def test_fp8_norms_write_quantized_inputs_and_gemms_write_gated_residuals(monkey
 
 
 @pytest.mark.parametrize("target", ["norm1", "attn1", "attn1.to_q", "attn1.to_out.0", "audio_to_video_norm",
-                                    "norm3", "ff", "ff.net.0.proj", "ff.net.2"])
+                                    "norm3", "ff", "ff.net.0.proj", "ff.net.2", "attn2", "attn2.to_out.0",
+                                    "audio_to_video_attn.to_out.0", "video_to_audio_attn"])
 def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
     """A forward hook on a norm that would write FP8, or on a module that would read it or write
     the gated residual, sees its call under precision="fp8" (that part runs unfused), and the
@@ -367,8 +368,8 @@ def test_video_rope_is_ltx_rope_angles_on_patch_midpoints(dim, grid, fps):
     """LTX-2's video RoPE (interleaved) is LTX-Video's, with the positions the patches'
     midpoints (frames divided by fps) over the rotary module's bases: ltx_rope_angles on those
     coordinates matches the fp64 formula ~100x closer than diffusers' fp32 tables applied with
-    ltx_rope do. (What the processor needs to compute the angles in its q/k kernel, as
-    LTX-Video's does; not yet wired: see models_e2e.md.)"""
+    ltx_rope do: what the video self-attention's q/k kernel computes its angles from (the
+    model-level test: test_video_self_attention_computes_its_rope_from_positions)."""
     from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
 
     from ltx_kernels import ops
