@@ -243,6 +243,25 @@ def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(mon
     assert rel_err(got, unfused) < 1e-2  # the same FP8 roundings but the residuals' (rounded once)
 
 
+@pytest.mark.parametrize("target", ["transformer_blocks.0.attn", "transformer_blocks.0.attn.to_out.0",
+                                    "transformer_blocks.0.attn.to_add_out", "transformer_blocks.0.attn.to_q",
+                                    "transformer_blocks.1.ff", "transformer_blocks.1.ff_context.net.2",
+                                    "single_transformer_blocks.0.attn", "single_transformer_blocks.0.proj_out",
+                                    "single_transformer_blocks.1.proj_mlp"])
+def test_fp8_hooks_on_shared_or_fused_modules_run(target):
+    """Under precision="fp8", a forward hook on a module whose input would be shared or whose
+    output a GEMM would fold into the residual sees its call (that part runs unfused) and the
+    output stays within the format's error."""
+    stock = tiny_flux()
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    seen = []
+    model.get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    with torch.no_grad():
+        assert 0 < rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0]) < 5e-2
+    assert seen
+
+
 def test_benchmark_inputs_run_on_the_tiny_config():
     """The FLUX benchmark's model and inputs (its GPU run uses the full 'dev' config), on the
     CPU at the tiny one, stock and injected."""
