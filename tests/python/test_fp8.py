@@ -210,7 +210,8 @@ def test_fp8_linear_batched_and_prequantized(device):
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows, k, n", [(16128, 2048, 8192), (4111, 8192, 2064), (1000, 3072, 3072),
-                                        (333, 5120, 1536), (5, 4096, 2048)])
+                                        (333, 5120, 1536), (5, 4096, 2048),
+                                        (1163, 256, 16384)])  # >= 4 waves, N of 64 tiles: swizzle 8
 def test_fp8_linear_cuda_matches_scaled_mm(rows, k, n, dtype):
     """Large shapes take our Hopper kernel, small ones cuBLASLt (torch._scaled_mm): both within
     one output rounding and the FP8 accumulator's error of the fp64 product, ours no less
@@ -280,7 +281,8 @@ def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b, s, k, n, strided_gate", [
     (2, 2688, 2048, 2048, False), (2, 2688, 8192, 2048, False), (1, 8064, 2048, 2048, False),
-    (3, 1333, 1040, 528, False), (2, 5, 4096, 2048, False), (2, 2688, 2048, 2048, True)])
+    (3, 1333, 1040, 528, False), (2, 5, 4096, 2048, False), (2, 2688, 2048, 2048, True),
+    (2, 2311, 256, 4096, True)])  # >= 4 waves of tiles: the residual form's swizzle 8
 def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n, strided_gate):
     """Our Hopper kernel (the large shapes: one GEMM per sample batch, the residual read and
     written by its epilogue) and the cuBLASLt path (the small one): within one output rounding
