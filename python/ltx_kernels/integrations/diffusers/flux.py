@@ -14,6 +14,11 @@
 
 The submodules (linears, attention, feed-forwards) are still called as modules, so hooks,
 LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused``).
+
+Under ``inject(precision="fp8")``, where the modules involved run unhooked: the projections
+that read one input share its quantization (each stream's q/k/v; a single block's q/k/v and
+``proj_mlp``), and each ``x + gate * linear(...)`` is one FP8 GEMM writing the sum (the output
+projections, the feed-forwards' down projections, ``proj_out``: :func:`_fp8.projected_residual`).
 """
 
 from __future__ import annotations
