@@ -159,23 +159,26 @@ def benchmark_tiny():
     return model, ltx2_e2e.step_inputs(model, frames, height, width, fps, 7, "cpu")
 
 
+def fp64_video_rope_tables(rope, coords):
+    """diffusers' interleaved video RoPE formula in fp64, ``(cos, sin)`` ``[B, S, dim]``: angle =
+    freq * (2 * position / base - 1) at the patches' midpoints (``coords`` ``[B, 3, S, 2]``),
+    pairs interleaved, the dim % 6 leading channels passed through."""
+    mid = ((coords[..., 0] + coords[..., 1]) / 2.0).double().transpose(1, 2)  # [B, S, 3]
+    bases = torch.tensor([rope.base_num_frames, rope.base_height, rope.base_width], dtype=torch.float64)
+    freqs = rope.theta ** torch.linspace(0, 1, rope.dim // 6, dtype=torch.float64) * torch.pi / 2
+    angle = ((2 * (mid / bases).unsqueeze(-1) - 1) * freqs).transpose(-1, -2).flatten(2).repeat_interleave(2, -1)
+    pad = (*angle.shape[:-1], rope.dim % 6)
+    return (torch.cat([torch.ones(pad, dtype=torch.float64), angle.cos()], -1),
+            torch.cat([torch.zeros(pad, dtype=torch.float64), angle.sin()], -1))
+
+
 def fp64_exact_rope_output(model, kw):
-    """``model``'s video output in fp64 with the video RoPE's tables formed in fp64 (diffusers'
-    formula, as test_video_rope_is_ltx_rope_angles_on_patch_midpoints writes it): the reference
-    of the in-kernel angles (stock forms the tables in fp32 even in an fp64 model)."""
+    """``model``'s video output in fp64 with the video RoPE's tables formed in fp64
+    (:func:`fp64_video_rope_tables`): the reference of the in-kernel angles (stock forms the
+    tables in fp32 even in an fp64 model)."""
     reference = copy.deepcopy(model).double()
     rope = reference.rope
-
-    def tables(coords, device=None):
-        mid = ((coords[..., 0] + coords[..., 1]) / 2.0).double().transpose(1, 2)  # [B, S, 3]
-        bases = torch.tensor([rope.base_num_frames, rope.base_height, rope.base_width], dtype=torch.float64)
-        freqs = rope.theta ** torch.linspace(0, 1, rope.dim // 6, dtype=torch.float64) * torch.pi / 2
-        angle = ((2 * (mid / bases).unsqueeze(-1) - 1) * freqs).transpose(-1, -2).flatten(2).repeat_interleave(2, -1)
-        pad = (*angle.shape[:-1], rope.dim % 6)
-        return (torch.cat([torch.ones(pad, dtype=torch.float64), angle.cos()], -1),
-                torch.cat([torch.zeros(pad, dtype=torch.float64), angle.sin()], -1))
-
-    rope.forward = tables
+    rope.forward = lambda coords, device=None: fp64_video_rope_tables(rope, coords)
     with torch.no_grad():
         return reference(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
                             for k, v in kw.items()})[0]
@@ -383,15 +386,7 @@ def test_video_rope_is_ltx_rope_angles_on_patch_midpoints(dim, grid, fps):
     angles = ops.ltx_rope_angles(x, None, None, None, video_coords=mid, theta=rope.theta,
                                  base_num_frames=rope.base_num_frames, base_height=rope.base_height,
                                  base_width=rope.base_width)
-    # diffusers' formula in fp64: angle = freq * (2 * position / base - 1), pairs interleaved,
-    # dim % 6 leading channels passed through
-    bases = torch.tensor([rope.base_num_frames, rope.base_height, rope.base_width], dtype=torch.float64)
-    position = mid.double().transpose(1, 2) / bases  # [B, S, 3]
-    freqs = rope.theta ** torch.linspace(0, 1, dim // 6, dtype=torch.float64) * torch.pi / 2
-    angle = ((2 * position.unsqueeze(-1) - 1) * freqs).transpose(-1, -2).flatten(2).repeat_interleave(2, -1)
-    pad = dim % 6
-    cos64 = torch.cat([torch.ones(*angle.shape[:-1], pad, dtype=torch.float64), angle.cos()], -1)
-    sin64 = torch.cat([torch.zeros(*angle.shape[:-1], pad, dtype=torch.float64), angle.sin()], -1)
+    cos64, sin64 = fp64_video_rope_tables(rope, coords)
     pairs = x.double().unflatten(-1, (-1, 2))
     rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
     reference = x.double() * cos64 + rotated * sin64
