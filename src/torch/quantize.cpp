@@ -236,22 +236,26 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::T
 
 #ifdef LTX_KERNELS_SM90A
 // Our kernel fills the GPU with 128 x 256 output tiles; below one tile per SM cuBLASLt picks
-// smaller tiles and is faster (H100: 333 x 1536 outputs 264 vs 151 TFLOPS; from 1000 x 3072
-// on, ours is as fast or faster: benchmarks/results/h100/gemm.md).
-bool fills_the_gpu(const Fp8LinearParams& p, const cudaDeviceProp& prop) {
+// smaller tiles and is faster for the plain GEMM (H100: 333 x 5120 -> 1536 19 vs 31 us; from
+// 1000 x 3072 on, ours is as fast or faster: benchmarks/results/h100/gemm.md). The gated
+// residual always runs ours: cuBLASLt's fp32 output and the residual after it cost more
+// (333 x 5120 -> 1536: 55 vs 34 us; FLUX's text stream, 512 x 3072 -> 3072: 71 vs 27 us;
+// benchmarks/results/h100/gemm_stream_k.md).
+bool ours_is_faster(const Fp8LinearParams& p, const cudaDeviceProp& prop) {
+  if (p.residual != nullptr) return true;
   const int64_t tiles = (p.m + 127) / 128 * ((p.n + 255) / 256);
   return tiles * 2 >= prop.multiProcessorCount;
 }
 
-// Runs p on our Hopper kernel where it takes p and the output fills the GPU; false elsewhere
-// (the caller then takes cuBLASLt).
+// Runs p on our Hopper kernel where it takes p and is the faster; false elsewhere (the caller
+// then takes cuBLASLt).
 bool launch_ours(Fp8LinearParams& p, const at::Tensor& x, const char* op) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
   p.arch = prop->major * 10 + prop->minor;
   check_core(p, op);
-  if (cuda_support(p) != nullptr || !fills_the_gpu(p, *prop)) return false;
+  if (cuda_support(p) != nullptr || !ours_is_faster(p, *prop)) return false;
   const c10::cuda::CUDAGuard guard(x.device());
-  // (the persistent scheduler of a plain GEMM needs none: no allocation then)
+  // (stream-K keeps its partial sums there; where no tile is split it may need none)
   const int64_t bytes = workspace_bytes(p);
   const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
   const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,

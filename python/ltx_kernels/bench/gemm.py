@@ -34,6 +34,10 @@ SHAPES = [
     ("ltx2 ff-down", 12288, 16384, 4096),
     ("ltx2 qkvo", 12288, 4096, 4096),
     ("ltx2 video->audio", 12288, 4096, 2048),
+    # FLUX.1-dev 1024^2: the single block's output projection (3.3 waves of tiles), the text
+    # stream's FF down projection (under one wave)
+    ("flux single out", 4608, 15360, 3072),
+    ("flux text ff-down", 512, 12288, 3072),
     ("held-out 1000x3072x3072", 1000, 3072, 3072),
     ("held-out 4096x4096x14336", 4096, 4096, 14336),
     ("held-out 333x5120x1536", 333, 5120, 1536),
