@@ -1,9 +1,10 @@
 // The FP8 linear on Hopper (include/ltx_kernels/fp8_linear.h): a CUTLASS 3 GEMM, sm_90a. TMA
 // loads, warp-specialized (one producer warp, two consumer warpgroups sharing a 128 x 256
-// tile), persistent over the output tiles (stream-K on a partial last wave), clusters of two
-// CTAs along M sharing (multicasting) their B tiles. The row-wise scales and the bias (and the
-// gated residual) are an epilogue visitor tree, applied to the fp32 accumulator before one
-// rounding.
+// tile), persistent over the output tiles, clusters of two CTAs along M sharing (multicasting)
+// their B tiles. The row-wise scales and the bias (and the gated residual) are an epilogue
+// visitor tree, applied to the fp32 accumulator before one rounding. (CUTLASS's stream-K
+// scheduler, tried for partial last waves, made the whole-wave shapes up to 11% slower:
+// benchmarks/results/h100/gemm_stream_k.md.)
 //
 // Accumulation: the tensor cores' own FP8 accumulator over all of k ("fast accumulation").
 // Promoting it to fp32 registers every k-block of 128 needs a second 64 x 256 fp32 accumulator
@@ -77,14 +78,8 @@ struct Fp8Gemm {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
 
-  // Stream-K where the last wave of tiles is less than half full (CUTLASS's heuristic): the
-  // last two waves' tiles are split along k over all SMs, partial sums reduced in a fixed order
-  // (deterministic) through the workspace; data-parallel, as a plain persistent scheduler,
-  // elsewhere. Measured on the H100 (benchmarks/results/h100/gemm_stream_k.md): FLUX's single
-  // block output projection (4608 x 15360 -> 3072, 3.3 waves) 338 -> 307 us; the residual form
-  // at one wave or less (FLUX's text stream, 512 x 12288 -> 3072) 67 -> 51 us; elsewhere level.
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
+                                                      CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // The persistent scheduler's swizzle: 8 rows of output tiles walked together instead of 1.

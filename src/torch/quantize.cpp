@@ -255,7 +255,7 @@ bool launch_ours(Fp8LinearParams& p, const at::Tensor& x, const char* op) {
   check_core(p, op);
   if (cuda_support(p) != nullptr || !ours_is_faster(p, *prop)) return false;
   const c10::cuda::CUDAGuard guard(x.device());
-  // (stream-K keeps its partial sums there; where no tile is split it may need none)
+  // (the persistent scheduler of a plain GEMM needs none: no allocation then)
   const int64_t bytes = workspace_bytes(p);
   const at::Tensor workspace = bytes > 0 ? at::empty({bytes}, x.options().dtype(at::kByte)) : at::Tensor();
   const cudaError_t error = launch(p, bytes > 0 ? workspace.data_ptr() : nullptr,

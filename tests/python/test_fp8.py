@@ -284,10 +284,10 @@ def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch,
     (3, 1333, 1040, 528, False), (2, 5, 4096, 2048, False), (2, 2688, 2048, 2048, True),
     (2, 2311, 256, 4096, True)])  # >= 4 waves of tiles: the residual form's swizzle 8
 def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n, strided_gate):
-    """Our Hopper kernel (the large shapes: one GEMM per sample batch, the residual read and
-    written by its epilogue) and the cuBLASLt path (the small one): within one output rounding
-    and the FP8 accumulator's error of the fp64 formula, and no less accurate than the unfused
-    fp8_linear then gated_residual (which rounds the linear's output once more)."""
+    """Our Hopper kernel (one GEMM per sample batch, the residual read and written by its
+    epilogue, at every size): within one output rounding and the FP8 accumulator's error of the
+    fp64 formula, and no less accurate than the unfused fp8_linear then gated_residual (which
+    rounds the linear's output once more) where that fp8_linear runs our kernel too."""
     args = gated_residual_inputs("cuda", dtype, b, s, k, n, strided_gate=strided_gate)
     qx, sx, qw, sw, bias, residual, gate = args
     out = ltx_kernels.fp8_linear_gated_residual(*args)
@@ -304,7 +304,11 @@ def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, 
     def error(t):
         return ((t.double() - exact).norm() / exact.norm()).item()
 
-    assert error(out) <= 1.05 * error(unfused) + 1e-5
+    # Under one 128 x 256 tile per SM the plain fp8_linear takes cuBLASLt's GEMM, which
+    # promotes its accumulator to fp32: no bar for our FP8 accumulator (the bound above holds).
+    tiles = -(-b * s // 128) * -(-n // 256)
+    if 2 * tiles >= torch.cuda.get_device_properties(qx.device).multi_processor_count:
+        assert error(out) <= 1.05 * error(unfused) + 1e-5
 
 
 def test_meta_shapes():
