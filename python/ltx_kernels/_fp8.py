@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import ops
-from ._patching import call_fused, is_patched, patch, runs_unhooked
+from ._patching import attend, call_fused, is_patched, patch, runs_unhooked
 
 # Linears that stay bf16 by default: the model's input and output projections and the
 # embeddings (timestep, caption) and AdaLN tables, outside the transformer blocks, where the
@@ -253,6 +253,21 @@ def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate:
     """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
     (:func:`projection_fuses_residual` of the output projection and its dropout)."""
     return projection_fuses_residual(attn.to_out[0], residual, gate, attn.to_out[1])
+
+
+def attention_residual(attn: nn.Module, processor: type, residual: torch.Tensor, gate: torch.Tensor | None,
+                       *args, **kwargs) -> torch.Tensor:
+    """``residual + gate * attn(*args, **kwargs)`` (no gate: ``residual + attn(...)``). Where
+    ``attn`` runs our ``processor`` unhooked and :func:`out_projection_fuses_residual`, the
+    processor's ``attention()`` gives the heads and the output projection's FP8 GEMM writes the
+    sum (a gate of ones where there is none); else the module, then ``gated_residual``."""
+    if isinstance(attn.processor, processor) and runs_unhooked(attn) and is_quantized(attn.to_out[0]):
+        # (no gate of ones made for a bf16 model)
+        gemm_gate = gate if gate is not None else residual.new_ones(residual.size(0), 1, residual.size(-1))
+        if out_projection_fuses_residual(attn, residual, gemm_gate):
+            heads = attn.processor.attention(attn, *args, **kwargs)
+            return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gemm_gate)
+    return ops.gated_residual(residual, attend(attn, *args, **kwargs), gate)
 
 
 def projected_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,

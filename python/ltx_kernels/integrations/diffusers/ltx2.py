@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, attend, call_fused, is_patched, patch, runs_unhooked
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -159,27 +159,19 @@ def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torc
     )
 
 
-def _gated_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor | None, **inputs):
-    """``x + gate * attn(**inputs)`` (no gate: ``x + attn(...)``, as stock). Where our processor
-    runs unhooked and :func:`_fp8.out_projection_fuses_residual`, the output projection's FP8
-    GEMM writes the sum (a gate of ones where there is none) instead of its output for a
-    gated_residual pass."""
-    if (isinstance(attn.processor, LTX2KernelsAttnProcessor) and runs_unhooked(attn)
-            and _fp8.is_quantized(attn.to_out[0])):  # (no gate of ones made for a bf16 model)
-        gemm_gate = gate if gate is not None else x.new_ones(x.size(0), 1, x.size(-1))
-        if _fp8.out_projection_fuses_residual(attn, x, gemm_gate):
-            heads = attn.processor.attention(attn, **inputs)
-            return _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], x, gemm_gate)
-    return ops.gated_residual(x, attend(attn, **inputs), gate)
+def _attention_residual(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor | None, **inputs) -> torch.Tensor:
+    """``x + gate * attn(**inputs)`` (no gate: ``x + attn(...)``, as stock), the FP8 output
+    projection writing the sum where it can (:func:`_fp8.attention_residual`)."""
+    return _fp8.attention_residual(attn, LTX2KernelsAttnProcessor, x, gate, **inputs)
 
 
 def _self_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, scale, shift, gate, rope, mask):
     """One stream's ``x + gate * attn(norm(x) * (1 + scale) + shift)``. Under FP8 the norm writes
     its output quantized for the q/k/v projections, and the output projection's GEMM writes the
-    gated residual (:func:`_gated_attention`)."""
+    gated residual (:func:`_fp8.attention_residual`)."""
     quantized = _fp8.attention_takes_quantized(attn, LTX2KernelsAttnProcessor)
-    return _gated_attention(attn, x, gate, hidden_states=_modulate(norm, x, scale, shift, quantized),
-                            encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
+    return _attention_residual(attn, x, gate, hidden_states=_modulate(norm, x, scale, shift, quantized),
+                               encoder_hidden_states=None, query_rotary_emb=rope, attention_mask=mask)
 
 
 def _feed_forward(norm: nn.Module, ff: nn.Module, x: torch.Tensor, scale, shift, gate) -> torch.Tensor:
@@ -204,8 +196,8 @@ def _text_attention(norm: nn.Module, attn: nn.Module, x: torch.Tensor, text: tor
         query = _modulate(norm, x, scale, shift, quantized)
     else:
         query, gate = norm(x), None
-    return _gated_attention(attn, x, gate, hidden_states=query, encoder_hidden_states=text,
-                            query_rotary_emb=None, attention_mask=mask)
+    return _attention_residual(attn, x, gate, hidden_states=query, encoder_hidden_states=text,
+                               query_rotary_emb=None, attention_mask=mask)
 
 
 def _cross_modal_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor, query_side: tuple,
@@ -219,9 +211,9 @@ def _cross_modal_attention(attn: nn.Module, x: torch.Tensor, gate: torch.Tensor,
     def side(norm, stream, scale, shift):
         return _modulate(norm, stream, scale.squeeze(2), shift.squeeze(2), quantized)
 
-    return _gated_attention(attn, x, gate, hidden_states=side(*query_side),
-                            encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
-                            key_rotary_emb=key_rope, attention_mask=mask)
+    return _attention_residual(attn, x, gate, hidden_states=side(*query_side),
+                               encoder_hidden_states=side(*key_side), query_rotary_emb=query_rope,
+                               key_rotary_emb=key_rope, attention_mask=mask)
 
 
 def _block_forward(

@@ -185,14 +185,9 @@ def _block_forward(
             lambda: ops.adaln_rms_norm(hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps),
             lambda: self.norm1(hidden_states) * (1 + scale_msa) + shift_msa,
         )
-    if attn1_quantized and _fp8.out_projection_fuses_residual(self.attn1, hidden_states, gate_msa):
-        # x + gate * to_out(attention): the output projection's FP8 GEMM writes the residual.
-        heads = self.attn1.processor.attention(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
-        hidden_states = _fp8.matmul_gated_residual(*ops.quantize_fp8(heads), self.attn1.to_out[0], hidden_states,
-                                                   gate_msa)
-    else:
-        attn_hidden_states = attend(self.attn1, norm_hidden_states, None, None, image_rotary_emb)
-        hidden_states = ops.gated_residual(hidden_states, attn_hidden_states, gate_msa)
+    # x + gate * to_out(attention): under FP8 the output projection's GEMM writes the residual.
+    hidden_states = _fp8.attention_residual(self.attn1, LtxKernelsAttnProcessor, hidden_states, gate_msa,
+                                            norm_hidden_states, None, None, image_rotary_emb)
 
     attn_hidden_states = attend(self.attn2, hidden_states, encoder_hidden_states, encoder_attention_mask, None)
     residual = hidden_states
