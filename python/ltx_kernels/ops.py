@@ -333,8 +333,10 @@ def fp8_linear(
     weight). A float ``x`` ``[..., K]`` is quantized per row here; an already quantized one is
     passed with its ``x_scale``. fp32 accumulation, scales and bias applied before the one
     rounding to ``out_dtype`` (default: ``x``'s dtype, or ``bias``'s / bfloat16 for an fp8
-    ``x``). K and N must be multiples of 16. On CUDA: ``torch._scaled_mm`` (compute capability
-    >= 8.9); fp16 / fp32 outputs take one extra pass for the scales."""
+    ``x``). K and N must be multiples of 16. A ``weight`` view whose rows are contiguous and
+    16-byte aligned (a block of a larger weight's columns, ``w[:, a:b]``) is read in place. On
+    CUDA: our CUTLASS kernel on Hopper, else ``torch._scaled_mm`` (compute capability >= 8.9);
+    fp16 / fp32 outputs of the latter take one extra pass for the scales."""
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):  # which dtypes: the op says
         raise TypeError(f"fp8_linear: out_dtype must be a torch.dtype or None, got {type(out_dtype).__name__}")
     if x_scale is None:

@@ -270,7 +270,7 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
   check_compute_capability(x, 89, "fp8_linear", "has no FP8 tensor cores (Ada, Hopper have them)");
   // cuBLASLt and our kernel load 16-byte aligned rows; a misaligned view is copied once.
-  const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight.contiguous());
+  const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight);
   const at::Tensor xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
   if (a.size(0) == 0 || a.size(1) == 0) {
     // No k: the accumulator is 0, the output the epilogue of 0 (the bias, NaN for a NaN scale).
@@ -293,7 +293,7 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
   const at::ScalarType dtype = residual.scalar_type();
 #ifdef LTX_KERNELS_SM90A
   if (x.numel() > 0 && dtype != at::kFloat) {
-    const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight.contiguous());
+    const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight);
     const at::Tensor xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
     const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous();
     at::Tensor out = at::empty(residual.sizes(), residual.options().memory_format(at::MemoryFormat::Contiguous));

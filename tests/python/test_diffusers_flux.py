@@ -243,6 +243,46 @@ def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(mon
     assert rel_err(got, unfused) < 1e-2  # the same FP8 roundings but the residuals' (rounded once)
 
 
+def test_fp8_single_block_out_projection_is_two_gemms_in_bf16(monkeypatch):
+    """In bf16 under FP8, a single block's proj_out runs as two GEMMs over its weight's column
+    blocks (flux._split_out_projection), each writing the gated residual: the attention's output
+    and the MLP's, each quantized on its own, the GELU inside the MLP's quantization, so act_mlp
+    never runs and nothing is concatenated for proj_out. The output stays within the format's
+    error of stock, and close to the one-GEMM form of the same model."""
+    from test_fp8 import count_quantizations
+
+    from ltx_kernels import _fp8
+
+    kw = flux_kwargs(dtype=torch.bfloat16)
+    stock = tiny_flux().to(torch.bfloat16)
+    model = copy.deepcopy(stock)
+    inject_quietly(model, precision="fp8")
+    with torch.no_grad():
+        monkeypatch.setattr(flux, "_splits_out_projection", lambda *args: False)
+        one_gemm = model(**kw)[0]
+        monkeypatch.undo()
+    activations = []
+    for block in model.single_transformer_blocks:
+        block.act_mlp.register_forward_hook(lambda m, i, o: activations.append(m))
+    calls = count_quantizations(monkeypatch)
+    fused = []
+    gemm = _fp8.ops.fp8_linear_gated_residual
+    monkeypatch.setattr(flux.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
+    with torch.no_grad():
+        got = model(**kw)[0]
+        reference = stock(**kw)[0]
+    # the double blocks' 8 on whole weights, then per single block its weight's two column blocks
+    split = [args[2] for args in fused if not args[2].is_contiguous()]
+    assert len(fused) == 2 * 4 + 2 * 2 and len(split) == 2 * 2 and not activations
+    for block, (first, second) in zip(model.single_transformer_blocks, (split[:2], split[2:])):
+        weight = block.proj_out.weight  # [64, 64 + 256]: the attention's 64 columns, the MLP's 256
+        assert first.data_ptr() == weight.data_ptr() and first.shape == (64, 64)
+        assert second.data_ptr() == weight.data_ptr() + 64 and second.shape == (64, 256)
+    assert calls.count("gelu_tanh") == 2 * 2 + 2, calls  # each FF's hidden, each single block's MLP
+    assert 0 < rel_err(got, reference) < 5e-2
+    assert rel_err(got, one_gemm) < 2e-2  # each part's own row scales; the first sum rounded once more
+
+
 @pytest.mark.parametrize("target", ["transformer_blocks.0.attn", "transformer_blocks.0.attn.to_out.0",
                                     "transformer_blocks.0.attn.to_add_out", "transformer_blocks.0.attn.to_q",
                                     "transformer_blocks.1.ff", "transformer_blocks.1.ff_context.net.2",

@@ -277,6 +277,23 @@ def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch,
         assert_close(out, gated_residual_formula(*args), dtype, scale=scale)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b, s, k, n", [(1, 5, 48, 32), (2, 67, 256, 160), (2, 1333, 1024, 1536)])
+def test_fp8_linears_read_a_column_block_of_a_weight_in_place(device, b, s, k, n):
+    """fp8_linear and fp8_linear_gated_residual on ``w[:, a:b]`` (rows contiguous, the wider
+    weight's row stride; FLUX's proj_out split in two) give exactly what they give on a copy of
+    that block: the same operands, read with another stride (on Hopper, by our kernel's TMA)."""
+    qx, sx, qw, sw, bias, residual, gate = gated_residual_inputs(device, torch.bfloat16, b, s, k, n)
+    wide = torch.cat([ltx_kernels.quantize_fp8(torch.randn(n, 32, device=device))[0], qw,
+                      ltx_kernels.quantize_fp8(torch.randn(n, 16, device=device))[0]], -1)
+    block = wide[:, 32:32 + k]
+    assert not block.is_contiguous() and torch.equal(block.view(torch.uint8), qw.view(torch.uint8))
+    assert torch.equal(ltx_kernels.fp8_linear(qx, block, sw, bias, x_scale=sx),
+                       ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx))
+    assert torch.equal(ltx_kernels.fp8_linear_gated_residual(qx, sx, block, sw, bias, residual, gate),
+                       ltx_kernels.fp8_linear_gated_residual(qx, sx, qw, sw, bias, residual, gate))
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("b, s, k, n, strided_gate", [

@@ -18,7 +18,10 @@ LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused`
 Under ``inject(precision="fp8")``, where the modules involved run unhooked: the projections
 that read one input share its quantization (each stream's q/k/v; a single block's q/k/v and
 ``proj_mlp``), and each ``x + gate * linear(...)`` is one FP8 GEMM writing the sum (the output
-projections, the feed-forwards' down projections, ``proj_out``: :func:`_fp8.projected_residual`).
+projections, the feed-forwards' down projections, ``proj_out``: :func:`_fp8.projected_residual`);
+a single block's ``proj_out`` runs as two such GEMMs over its input's two parts, the attention's
+output and the MLP's (GELU in the latter's quantization, no concatenation:
+:func:`_split_out_projection`).
 """
 
 from __future__ import annotations
@@ -207,8 +210,12 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
         # FP8: q, k, v and proj_mlp read one quantization of the norm's output.
         shared = _fp8.Quantized(*ops.quantize_fp8(norm_hidden_states), norm_hidden_states.dtype)
         (mlp_hidden_states,) = _fp8.linears(shared, (self.proj_mlp,))
-        mlp_hidden_states = self.act_mlp(mlp_hidden_states)
         attn_output = self.attn.processor.attention(self.attn, shared, None, None, image_rotary_emb)
+        if _splits_out_projection(self.proj_out, attn_output, residual, gate[:, None]):
+            hidden_states = _split_out_projection(self.proj_out, attn_output, mlp_hidden_states, residual,
+                                                  gate[:, None])
+            return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+        mlp_hidden_states = self.act_mlp(mlp_hidden_states)
     else:
         # A LoRA-wrapped, FP8 or library-owned projection runs as itself, then act_mlp.
         mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states,
@@ -219,6 +226,33 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
     hidden_states = _clip_fp16(_fp8.projected_residual(self.proj_out, hidden_states, residual, gate[:, None]))
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _splits_out_projection(proj_out: nn.Module, attn_output: torch.Tensor, residual: torch.Tensor,
+                           gate: torch.Tensor) -> bool:
+    """Whether :func:`_split_out_projection` applies: proj_out fuses the gated residual
+    (:func:`_fp8.projection_fuses_residual`), the attention's width is a whole number of the FP8
+    GEMM's 16-column k steps, and the output is bf16 (an fp16 sum of the first part alone could
+    overflow where stock's clipped total does not)."""
+    return (residual.dtype == torch.bfloat16 and attn_output.size(-1) % 16 == 0
+            and _fp8.projection_fuses_residual(proj_out, residual, gate))
+
+
+def _split_out_projection(proj_out: nn.Module, attn_output: torch.Tensor, mlp: torch.Tensor,
+                          residual: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``residual + gate * proj_out(cat([attn_output, gelu_tanh(mlp)], -1))`` under FP8 as two
+    GEMMs over the two column blocks of proj_out's weight (views, its row scales shared), each
+    writing the gated residual, the second onto the first's sum. Each part is quantized on its
+    own (its own row scales), the GELU inside mlp's quantization: no GELU pass over the MLP's
+    output and no concatenation (FLUX.1-dev 1024^2 on an H100: 2.8 + 1.9 ms of the FP8 step).
+    The first sum is rounded once more than a single GEMM's, as stock rounds proj_out's output
+    before its gate and its residual."""
+    dim = attn_output.size(-1)
+    weight, weight_scale = proj_out.weight, proj_out.weight_scale
+    first = ops.fp8_linear_gated_residual(*ops.quantize_fp8(attn_output), weight[:, :dim], weight_scale,
+                                          _fp8.bias_of(proj_out, residual.dtype), residual, gate)
+    return ops.fp8_linear_gated_residual(*ops.quantize_fp8(mlp, activation="gelu_tanh"), weight[:, dim:],
+                                         weight_scale, None, first, gate)
 
 
 def _block_problem(block: nn.Module) -> str | None:
