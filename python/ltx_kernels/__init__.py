@@ -9,6 +9,7 @@ them with Python signatures and documentation.
 from . import layers
 from .ops import (
     adaln_layer_norm,
+    adaln_layer_norm_fp8,
     adaln_layernorm,
     adaln_rms_norm,
     adaln_rms_norm_fp8,
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "adaln_layer_norm",
+    "adaln_layer_norm_fp8",
     "adaln_layernorm",
     "adaln_rms_norm",
     "adaln_rms_norm_fp8",

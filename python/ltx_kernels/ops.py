@@ -309,6 +309,14 @@ def adaln_rms_norm_fp8(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor
     return _ops.adaln_rms_norm_fp8(x, scale, shift, weight, _eps("adaln_rms_norm_fp8", eps))
 
 
+def adaln_layer_norm_fp8(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, weight: torch.Tensor | None = None,
+                         bias: torch.Tensor | None = None, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`adaln_layer_norm` for an FP8 GEMM's input (the AdaLN-Zero norms of FLUX, SD3,
+    PixArt): returns ``(q, q_scale)``, exactly ``quantize_fp8(adaln_layer_norm(x, scale, shift,
+    weight, bias, eps))`` in one pass, without writing the dtype output. Forward-only."""
+    return _ops.adaln_layer_norm_fp8(x, scale, shift, weight, bias, _eps("adaln_layer_norm_fp8", eps))
+
+
 def gated_residual_adaln_rms_norm_fp8(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor,
                                       shift: torch.Tensor, weight: torch.Tensor | None = None,
                                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

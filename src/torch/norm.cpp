@@ -1,6 +1,7 @@
 // torch bindings of the norm family: rms_norm, fused_add_rms_norm(_), layer_norm, and the
-// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm; the RMS forms also
-// with an FP8 output (*_fp8: the norm feeding an FP8 GEMM, quantized in the same pass).
+// DiT forms adaln_rms_norm, adaln_layer_norm, gated_residual_adaln_rms_norm; the RMS forms and
+// adaln_layer_norm also with an FP8 output (*_fp8: the norm feeding an FP8 GEMM, quantized in
+// the same pass).
 #include "torch/registration.h"
 
 #include "ltx_kernels/norm.h"
@@ -23,8 +24,8 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
   // std::to_string, not the stream operator: see the note on formatting in common.cpp.
   TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
   const bool or_float32 = params == Params::kLikeXOrFloat32;
-  OptTensor w = channel_vector(weight, "weight", x, "x", or_float32);
-  OptTensor b = channel_vector(bias, "bias", x, "x", or_float32);
+  OptTensor w = channel_vector(op, weight, "weight", x, "x", or_float32);
+  OptTensor b = channel_vector(op, bias, "bias", x, "x", or_float32);
   if (is_float32(w) || is_float32(b) || out_dtype == at::kFloat) {
     if (w) w = w->to(at::kFloat);
     if (b) b = b->to(at::kFloat);
@@ -139,11 +140,12 @@ at::Tensor normalized(const char* op, NormType type, const at::Tensor& x, const 
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor> normalize_fp8(const char* op, const at::Tensor& x, const OptTensor& weight,
-                                                 double eps, double weight_offset, const at::Tensor* scale = nullptr,
+std::tuple<at::Tensor, at::Tensor> normalize_fp8(const char* op, NormType type, const at::Tensor& x,
+                                                 const OptTensor& weight, const OptTensor& bias, double eps,
+                                                 double weight_offset, const at::Tensor* scale = nullptr,
                                                  const at::Tensor* shift = nullptr) {
   Fp8Out o = empty_fp8(x);
-  normalize_into(op, NormType::kRms, x, weight, std::nullopt, eps, weight_offset, scale, shift, nullptr, &o);
+  normalize_into(op, type, x, weight, bias, eps, weight_offset, scale, shift, nullptr, &o);
   return {o.q, o.scale};
 }
 
@@ -167,12 +169,18 @@ at::Tensor adaln_rms_norm(const at::Tensor& x, const at::Tensor& scale, const at
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_fp8(const at::Tensor& x, const OptTensor& weight, double eps,
                                                 double weight_offset) {
-  return normalize_fp8("rms_norm_fp8", x, weight, eps, weight_offset);
+  return normalize_fp8("rms_norm_fp8", NormType::kRms, x, weight, std::nullopt, eps, weight_offset);
 }
 
 std::tuple<at::Tensor, at::Tensor> adaln_rms_norm_fp8(const at::Tensor& x, const at::Tensor& scale,
                                                       const at::Tensor& shift, const OptTensor& weight, double eps) {
-  return normalize_fp8("adaln_rms_norm_fp8", x, weight, eps, 0.0, &scale, &shift);
+  return normalize_fp8("adaln_rms_norm_fp8", NormType::kRms, x, weight, std::nullopt, eps, 0.0, &scale, &shift);
+}
+
+std::tuple<at::Tensor, at::Tensor> adaln_layer_norm_fp8(const at::Tensor& x, const at::Tensor& scale,
+                                                        const at::Tensor& shift, const OptTensor& weight,
+                                                        const OptTensor& bias, double eps) {
+  return normalize_fp8("adaln_layer_norm_fp8", NormType::kLayer, x, weight, bias, eps, 0.0, &scale, &shift);
 }
 
 at::Tensor adaln_layer_norm(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
@@ -370,6 +378,14 @@ at::Tensor adaln_layer_norm_meta(const at::Tensor& x, const at::Tensor& scale,
   return normalize_meta("adaln_layer_norm", x, weight, bias, eps, &scale, &shift);
 }
 
+std::tuple<at::Tensor, at::Tensor> adaln_layer_norm_fp8_meta(const at::Tensor& x, const at::Tensor& scale,
+                                                             const at::Tensor& shift, const OptTensor& weight,
+                                                             const OptTensor& bias, double eps) {
+  normalize_meta("adaln_layer_norm_fp8", x, weight, bias, eps, &scale, &shift);
+  Fp8Out o = empty_fp8(x);
+  return {o.q, o.scale};
+}
+
 void adaln_rms_norm_out_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                              const OptTensor& weight, double eps, at::Tensor& out) {
   normalize_meta("adaln_rms_norm", x, weight, std::nullopt, eps, &scale, &shift);
@@ -435,6 +451,7 @@ void register_impls(torch::Library& m) {
   m.impl("rms_norm_fp8", &rms_norm_fp8);
   m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8);
   m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8);
+  m.impl("adaln_layer_norm_fp8", &adaln_layer_norm_fp8);
   m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8);
 }
 
@@ -459,6 +476,7 @@ LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
   m.impl("rms_norm_fp8", &rms_norm_fp8_meta);
   m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8_meta);
   m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8_meta);
+  m.impl("adaln_layer_norm_fp8", &adaln_layer_norm_fp8_meta);
   m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8_meta);
 }
 

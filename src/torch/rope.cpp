@@ -278,8 +278,9 @@ std::pair<OptTensor, OptTensor> check_qk_norm_rope(const at::Tensor& q, const at
                                                    const OptTensor& weight_k, double eps) {
   check_ltx_x(q, "q");
   check_like(k, "k", q, "q");
-  TORCH_CHECK_VALUE(eps >= 0.0, "eps must be >= 0, got ", std::to_string(eps));
-  return {channel_vector(weight_q, "weight_q", q, "q"), channel_vector(weight_k, "weight_k", k, "k")};
+  constexpr const char* op = "ltx_qk_norm_rope";
+  TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
+  return {channel_vector(op, weight_q, "weight_q", q, "q"), channel_vector(op, weight_k, "weight_k", k, "k")};
 }
 
 std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope(const at::Tensor& q, const at::Tensor& k,

@@ -65,15 +65,17 @@ LTX_KERNELS_LIBRARY(m) {
                     " -> (Tensor grad_x, Tensor grad_y, Tensor grad_gate, Tensor grad_scale,"
                     " Tensor grad_shift, Tensor grad_weight)");
 
-  // The RMS norms feeding an FP8 GEMM (norm.cpp): the normed output quantized in the same
-  // pass, exactly quantize_fp8 of the dtype result (e4m3 values, fp32 scale per row).
-  // Forward-only, as the FP8 path.
+  // The norms feeding an FP8 GEMM (norm.cpp): the normed output quantized in the same pass,
+  // exactly quantize_fp8 of the dtype result (e4m3 values, fp32 scale per row). Forward-only,
+  // as the FP8 path.
   def("rms_norm_fp8(Tensor x, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
       " -> (Tensor out_fp8, Tensor out_scale)");
   def("fused_add_rms_norm_fp8(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-6,"
       " float weight_offset=0.0) -> (Tensor out_fp8, Tensor out_scale, Tensor new_residual)");
   def("adaln_rms_norm_fp8(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None, float eps=1e-6)"
       " -> (Tensor normed_fp8, Tensor normed_scale)");
+  def("adaln_layer_norm_fp8(Tensor x, Tensor scale, Tensor shift, Tensor? weight=None, Tensor? bias=None,"
+      " float eps=1e-6) -> (Tensor normed_fp8, Tensor normed_scale)");
   def("gated_residual_adaln_rms_norm_fp8(Tensor x, Tensor y, Tensor? gate, Tensor scale, Tensor shift,"
       " Tensor? weight=None, float eps=1e-6) -> (Tensor x_new, Tensor normed_fp8, Tensor normed_scale)");
 

@@ -1,5 +1,5 @@
-"""The RMS norms with an FP8 output (rms_norm_fp8, fused_add_rms_norm_fp8, adaln_rms_norm_fp8,
-gated_residual_adaln_rms_norm_fp8):
+"""The norms with an FP8 output (rms_norm_fp8, fused_add_rms_norm_fp8, adaln_rms_norm_fp8,
+adaln_layer_norm_fp8, gated_residual_adaln_rms_norm_fp8):
 bit for bit the unfused composition quantize_fp8(norm(...)) on the same device (their
 definition), close to the fp64 formula, every broadcast form and layout, odd and streamed row
 lengths, zero / inf / NaN rows, Meta shapes, compile and bad input."""
@@ -84,6 +84,25 @@ def test_adaln_rms_norm_fp8_is_the_composition(device, dtype, kind, b, s, d, wit
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("b,s,d", SHAPES)
+@pytest.mark.parametrize("affine", ["none", "weight", "weight_bias"])
+def test_adaln_layer_norm_fp8_is_the_composition(device, dtype, kind, b, s, d, affine):
+    """Rows with a large mean too (the LayerNorm's centring before its variance)."""
+    x = torch.randn(b, s, d, dtype=dtype, device=device) * 3 + 20
+    scale, shift = modulation(kind, b, s, d, dtype, device)
+    weight = torch.randn(d, dtype=dtype, device=device) if affine != "none" else None
+    bias = torch.randn(d, dtype=dtype, device=device) if affine == "weight_bias" else None
+    got = ltx_kernels.adaln_layer_norm_fp8(x, scale, shift, weight, bias, 1e-6)
+    assert_same_fp8(got, ltx_kernels.quantize_fp8(ltx_kernels.adaln_layer_norm(x, scale, shift, weight, bias, 1e-6)))
+    x64 = x.double()
+    normed = torch.nn.functional.layer_norm(x64, (d,), None if weight is None else weight.double(),
+                                            None if bias is None else bias.double(), 1e-6)
+    assert_near_formula(*got, modulate(normed, scale, shift), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("b,s,d", SHAPES)
 @pytest.mark.parametrize("with_gate", [False, True])
 def test_gated_residual_adaln_rms_norm_fp8_is_the_composition(device, dtype, kind, b, s, d, with_gate):
     x = torch.randn(b, s, d, dtype=dtype, device=device)
@@ -111,6 +130,8 @@ def test_strided_inputs(device, dtype, layout):
         else modulation("vector", 0, 0, 264, dtype, device)
     got = ltx_kernels.adaln_rms_norm_fp8(x, scale, shift)
     assert_same_fp8(got, ltx_kernels.quantize_fp8(ltx_kernels.adaln_rms_norm(x, scale, shift)))
+    got = ltx_kernels.adaln_layer_norm_fp8(x, scale, shift)
+    assert_same_fp8(got, ltx_kernels.quantize_fp8(ltx_kernels.adaln_layer_norm(x, scale, shift)))
     x_new, *got = ltx_kernels.gated_residual_adaln_rms_norm_fp8(x, y, None, scale, shift)
     ref_x_new, normed = ltx_kernels.gated_residual_adaln_rms_norm(x, y, None, scale, shift)
     assert torch.equal(x_new, ref_x_new)
@@ -149,6 +170,7 @@ def test_opcheck_and_compile(device):
     x, y = torch.randn(2, 5, 64, device=device), torch.randn(2, 5, 64, device=device)
     scale, shift, w = (torch.randn(2, 1, 64, device=device) for _ in range(3))
     torch.library.opcheck(ops.adaln_rms_norm_fp8.default, (x, scale, shift, w[0, 0], 1e-6))
+    torch.library.opcheck(ops.adaln_layer_norm_fp8.default, (x, scale, shift, w[0, 0], w[1, 0], 1e-6))
     torch.library.opcheck(ops.rms_norm_fp8.default, (x, w[0, 0], 1e-6, 1.0))
     torch.library.opcheck(ops.fused_add_rms_norm_fp8.default, (x, y, None, 1e-6, 0.0))
     torch.library.opcheck(ops.gated_residual_adaln_rms_norm_fp8.default, (x, y, w, scale, shift, None, 1e-6))
@@ -174,6 +196,8 @@ def test_bad_input_names_the_op_and_argument():
         ltx_kernels.adaln_rms_norm_fp8(x, torch.randn(3, 64), x)
     with pytest.raises((ValueError, TypeError), match="y"):
         ltx_kernels.gated_residual_adaln_rms_norm_fp8(x, torch.randn(2, 32), None, x, x)
+    with pytest.raises((ValueError, TypeError), match="adaln_layer_norm_fp8: .*bias"):
+        ltx_kernels.adaln_layer_norm_fp8(x, x, x, None, torch.randn(32))
 
 
 def test_forward_only():
@@ -183,3 +207,5 @@ def test_forward_only():
         ltx_kernels.adaln_rms_norm_fp8(x, w, w)
     with pytest.raises(RuntimeError, match="fused_add_rms_norm_fp8"):
         ltx_kernels.fused_add_rms_norm_fp8(x, x.detach(), w)
+    with pytest.raises(RuntimeError, match="adaln_layer_norm_fp8"):
+        ltx_kernels.adaln_layer_norm_fp8(x, w, w)
