@@ -204,7 +204,8 @@ def test_fp8_runs_within_the_format_error():
 
 def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(monkeypatch):
     """inject(precision="fp8") on FLUX: each stream's q/k/v read one quantization of their
-    input, a single block's q/k/v and proj_mlp one of its norm's output, and every gated
+    input, a single block's q/k/v and proj_mlp one of its norm's output (each written by the
+    AdaLN norm itself, as the FFs' inputs are), and every gated
     residual is written by the GEMM before it (the double blocks' output projections and
     feed-forward down projections, the single blocks' proj_out: 4 + 4 + 2 = 10 in the tiny
     model), with no gated_residual pass; the output stays within the format's error, and is
@@ -239,6 +240,9 @@ def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(mon
     others = [n for n, m in model.named_modules() if _fp8.is_quantized(m) and not n.endswith(blocks)]
     assert len(others) == 12
     assert len(calls) == len(others) + 2 * 8 + 2 * 2 and calls.count("gelu_tanh") == 2 * 2, calls
+    # the norms write their outputs quantized: per double block norm1, norm1_context and both
+    # FFs' norms, per single block its norm
+    assert calls.count("adaln_layer_norm_fp8") == 2 * 4 + 2 * 1, calls
     assert 0 < rel_err(got, reference) < 5e-2
     assert rel_err(got, unfused) < 1e-2  # the same FP8 roundings but the residuals' (rounded once)
 
@@ -287,7 +291,9 @@ def test_fp8_single_block_out_projection_is_two_gemms_in_bf16(monkeypatch):
                                     "transformer_blocks.0.attn.to_add_out", "transformer_blocks.0.attn.to_q",
                                     "transformer_blocks.1.ff", "transformer_blocks.1.ff_context.net.2",
                                     "single_transformer_blocks.0.attn", "single_transformer_blocks.0.proj_out",
-                                    "single_transformer_blocks.1.proj_mlp"])
+                                    "single_transformer_blocks.1.proj_mlp", "transformer_blocks.0.norm1",
+                                    "transformer_blocks.1.norm1_context", "transformer_blocks.0.norm2",
+                                    "single_transformer_blocks.1.norm", "single_transformer_blocks.0.norm.norm"])
 def test_fp8_hooks_on_shared_or_fused_modules_run(target):
     """Under precision="fp8", a forward hook on a module whose input would be shared or whose
     output a GEMM would fold into the residual sees its call (that part runs unfused) and the

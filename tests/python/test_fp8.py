@@ -63,7 +63,8 @@ def count_quantizations(monkeypatch) -> list[str]:
 
     calls = []
     quantize, linear = _fp8.ops.quantize_fp8, _fp8.ops.fp8_linear
-    for name in ("rms_norm_fp8", "fused_add_rms_norm_fp8", "adaln_rms_norm_fp8", "gated_residual_adaln_rms_norm_fp8"):
+    for name in ("rms_norm_fp8", "fused_add_rms_norm_fp8", "adaln_rms_norm_fp8", "adaln_layer_norm_fp8",
+                 "gated_residual_adaln_rms_norm_fp8"):
         def producer(*args, _op=getattr(_fp8.ops, name), _name=name, **kwargs):
             calls.append(_name)
             return _op(*args, **kwargs)

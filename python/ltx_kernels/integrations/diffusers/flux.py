@@ -17,7 +17,8 @@ LoRA and FP8 linears work on them; a norm with hooks runs unfused (``call_fused`
 
 Under ``inject(precision="fp8")``, where the modules involved run unhooked: the projections
 that read one input share its quantization (each stream's q/k/v; a single block's q/k/v and
-``proj_mlp``), and each ``x + gate * linear(...)`` is one FP8 GEMM writing the sum (the output
+``proj_mlp``), written by the AdaLN norm before them (``adaln_layer_norm_fp8``, as the
+feed-forwards' inputs), and each ``x + gate * linear(...)`` is one FP8 GEMM writing the sum (the output
 projections, the feed-forwards' down projections, ``proj_out``: :func:`_fp8.projected_residual`);
 a single block's ``proj_out`` runs as two such GEMMs over its input's two parts, the attention's
 output and the MLP's (GELU in the latter's quantization, no concatenation:
@@ -120,9 +121,18 @@ def adaln_zero_problem(module: nn.Module) -> str | None:
     return None
 
 
-def modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """``norm(x) * (1 + scale) + shift`` with per-sample [B, D] scale and shift."""
+def modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+             quantized: bool = False):
+    """``norm(x) * (1 + scale) + shift`` with per-sample [B, D] scale and shift; ``quantized``:
+    as an FP8 GEMM's input (:class:`_fp8.Quantized`), written so by the norm
+    (``adaln_layer_norm_fp8``) instead of a dtype output that a quantize pass reads again."""
     scale, shift = scale[:, None], shift[:, None]
+    if quantized:
+        return call_fused(
+            (norm,),
+            lambda: _fp8.Quantized(*ops.adaln_layer_norm_fp8(x, scale, shift, None, None, norm.eps), x.dtype),
+            lambda: _fp8.Quantized(*ops.quantize_fp8(norm(x) * (1 + scale) + shift), x.dtype),
+        )
     return call_fused(
         (norm,),
         lambda: ops.adaln_layer_norm(x, scale, shift, None, None, norm.eps),
@@ -131,18 +141,32 @@ def modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch
 
 
 def adaln_zero_forward(self: nn.Module, x: torch.Tensor, timestep=None, class_labels=None, hidden_dtype=None,
-                       emb: torch.Tensor | None = None):
+                       emb: torch.Tensor | None = None, quantized: bool = False):
+    """``AdaLayerNormZero``'s forward (``quantized``: its normed output for FP8 linears, the
+    blocks' call where :func:`_norm_quantizes`)."""
     if self.emb is not None:
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
-    return modulate(self.norm, x, scale_msa, shift_msa), gate_msa, shift_mlp, scale_mlp, gate_mlp
+    return modulate(self.norm, x, scale_msa, shift_msa, quantized), gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
-def adaln_zero_single_forward(self: nn.Module, x: torch.Tensor, emb: torch.Tensor | None = None):
+def adaln_zero_single_forward(self: nn.Module, x: torch.Tensor, emb: torch.Tensor | None = None,
+                              quantized: bool = False):
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
-    return modulate(self.norm, x, scale_msa, shift_msa), gate_msa
+    return modulate(self.norm, x, scale_msa, shift_msa, quantized), gate_msa
+
+
+def _norm_quantizes(norm: nn.Module) -> bool:
+    """Whether the block may call ``norm``'s forward (ours, unhooked) for a quantized output."""
+    return is_patched(norm) and runs_unhooked(norm)
+
+
+def _takes_quantized(attn: nn.Module) -> bool:
+    """Whether ``attn``'s image-stream input may come quantized (:func:`_fp8.attention_takes_quantized`
+    of our processor; fused ``to_qkv`` projections stay diffusers', which take the dtype input)."""
+    return not attn.fused_projections and _fp8.attention_takes_quantized(attn, FluxKernelsAttnProcessor)
 
 
 def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
@@ -151,12 +175,23 @@ def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
 
 def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                    temb: torch.Tensor, image_rotary_emb=None, joint_attention_kwargs=None):
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-        encoder_hidden_states, emb=temb
-    )
     attn = self.attn
-    if not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn):
+    ours = not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn)
+    # Under FP8 each stream's norm writes its output quantized for its q/k/v projections.
+    if ours and _takes_quantized(attn) and _norm_quantizes(self.norm1):
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
+            self.norm1, hidden_states, emb=temb, quantized=True)
+    else:
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    if (ours and not attn.fused_projections and attn.added_kv_proj_dim is not None
+            and _fp8.take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+            and _norm_quantizes(self.norm1_context)):
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
+            self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
+    else:
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+            encoder_hidden_states, emb=temb)
+    if ours:
         # Our processor called for the heads, so that under FP8 each output projection's GEMM
         # writes its stream's gated residual (_fp8.projected_residual).
         image, text = attn.processor.attention(attn, norm_hidden_states, norm_encoder_hidden_states, None,
@@ -193,10 +228,10 @@ def feed_forward_update(x: torch.Tensor, norm: nn.Module, ff, shift, scale, gate
     """An AdaLN-Zero stream's feed-forward half, ``x + gate * ff(norm(x) * (1 + scale) + shift)``
     with per-sample [B, D] shift, scale and gate: one norm pass, then one gated residual; under
     FP8 the down projection's GEMM writes it (:func:`_fp8.feed_forward_gated_residual`)."""
-    normed, gate = modulate(norm, x, scale, shift), gate[:, None]
+    gate = gate[:, None]
     if _fp8.feed_forward_takes_quantized(ff) and _fp8.fuses_gated_residual(x, gate):
-        return _fp8.feed_forward_gated_residual(ff, _fp8.Quantized(*ops.quantize_fp8(normed), x.dtype), x, gate)
-    return ops.gated_residual(x, ff(normed), gate)
+        return _fp8.feed_forward_gated_residual(ff, modulate(norm, x, scale, shift, quantized=True), x, gate)
+    return ops.gated_residual(x, ff(modulate(norm, x, scale, shift)), gate)
 
 
 def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -204,11 +239,14 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
-    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    if (not joint_attention_kwargs and _fp8.attention_takes_quantized(self.attn, FluxKernelsAttnProcessor)
-            and _fp8.take_quantized((self.proj_mlp,))):
-        # FP8: q, k, v and proj_mlp read one quantization of the norm's output.
-        shared = _fp8.Quantized(*ops.quantize_fp8(norm_hidden_states), norm_hidden_states.dtype)
+    if not joint_attention_kwargs and _takes_quantized(self.attn) and _fp8.take_quantized((self.proj_mlp,)):
+        # FP8: q, k, v and proj_mlp read one quantization of the norm's output, which the norm
+        # writes where it can.
+        if _norm_quantizes(self.norm):
+            shared, gate = adaln_zero_single_forward(self.norm, hidden_states, emb=temb, quantized=True)
+        else:
+            norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+            shared = _fp8.Quantized(*ops.quantize_fp8(norm_hidden_states), norm_hidden_states.dtype)
         (mlp_hidden_states,) = _fp8.linears(shared, (self.proj_mlp,))
         attn_output = self.attn.processor.attention(self.attn, shared, None, None, image_rotary_emb)
         if _splits_out_projection(self.proj_out, attn_output, residual, gate[:, None]):
@@ -217,6 +255,7 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
             return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
         mlp_hidden_states = self.act_mlp(mlp_hidden_states)
     else:
+        norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
         # A LoRA-wrapped, FP8 or library-owned projection runs as itself, then act_mlp.
         mlp_hidden_states = linear_gelu_tanh(self.proj_mlp, norm_hidden_states,
                                              lambda: self.act_mlp(self.proj_mlp(norm_hidden_states)),
