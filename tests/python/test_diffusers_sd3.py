@@ -79,18 +79,41 @@ def test_feed_forward_chunking_stays_stock_and_is_reported():
     assert any("chunking" in s for s in report.skipped), report.skipped
 
 
-def test_fp8_projections_share_quantizations_and_ffs_write_residuals(monkeypatch):
-    """inject(precision="fp8"): within the format's error of fp32; each stream's q/k/v read one
-    quantization of their input (the image stream: two fewer a block than one each) and each
-    feed-forward's down projection GEMM writes its gated residual (the image stream's in both
-    blocks, the text stream's in the first: the last block's text is context_pre_only)."""
-    from test_fp8 import fp8_sharing_and_fusions
+def test_fp8_norms_write_quantized_inputs_and_gemms_write_residuals(monkeypatch):
+    """inject(precision="fp8"): within the format's error of fp32. Each AdaLN-Zero norm writes
+    its output quantized for the FP8 linears after it (norm1 and norm1_context for each
+    stream's q/k/v, norm2 and norm2_context for the feed-forwards: 4 in the first block, 2 in
+    the last, whose text is context_pre_only), and every gated residual is written by the GEMM
+    before it (the output projections and the feed-forward down projections: 4 + 2), with no
+    gated_residual pass; the output is what the same model computes with those fusions off (a
+    hook on each fused module)."""
+    from test_fp8 import count_quantizations
+
+    from ltx_kernels import _fp8
 
     model = tiny_sd3()
     assert_fp8_within_format_error(model, sd3_kwargs())
     inject_quietly(model, precision="fp8")
-    shared, one_by_one, fused = fp8_sharing_and_fusions(model, sd3_kwargs(), monkeypatch)
-    assert one_by_one - shared == 2 * 2 and fused == 3
+    with torch.no_grad():
+        unfused_model = copy.deepcopy(model)
+        for name, m in unfused_model.named_modules():
+            if name.endswith(("attn", "norm1", "norm1_context", "norm2", "norm2_context", "ff", "ff_context")):
+                m.register_forward_hook(lambda module, args, output: None)
+        unfused = unfused_model(**sd3_kwargs())[0]
+    calls = count_quantizations(monkeypatch)
+    fused, passes = [], []
+    gemm = _fp8.ops.fp8_linear_gated_residual
+    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
+    monkeypatch.setattr(sd3.ops, "gated_residual", lambda *args: passes.append(args) or args[0])
+    with torch.no_grad():
+        got = model(**sd3_kwargs())[0]
+    assert len(fused) == 4 + 2 and not passes
+    assert calls.count("adaln_layer_norm_fp8") == 4 + 2, calls
+    # one quantization per FP8 linear's input, q/k/v sharing one: the 4 embedder linears; per
+    # block each AdaLN modulation linear, each norm's output, each output projection's input and
+    # each FF's GELU hidden; the last block's text q/k/v one of its continuous norm's output
+    assert len(calls) == 4 + (2 + 2 + 2 + 2 + 2) + (2 + 1 + 1 + 1 + 1 + 1), calls
+    assert rel_err(got, unfused) < 1e-2  # the same FP8 roundings but the residuals' (rounded once)
 
 
 def test_remove_compile_and_training():

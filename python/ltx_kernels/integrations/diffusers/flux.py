@@ -143,7 +143,7 @@ def modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch
 def adaln_zero_forward(self: nn.Module, x: torch.Tensor, timestep=None, class_labels=None, hidden_dtype=None,
                        emb: torch.Tensor | None = None, quantized: bool = False):
     """``AdaLayerNormZero``'s forward (``quantized``: its normed output for FP8 linears, the
-    blocks' call where :func:`_norm_quantizes`)."""
+    blocks' call where :func:`norm_quantizes`)."""
     if self.emb is not None:
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     emb = self.linear(self.silu(emb))
@@ -158,8 +158,9 @@ def adaln_zero_single_forward(self: nn.Module, x: torch.Tensor, emb: torch.Tenso
     return modulate(self.norm, x, scale_msa, shift_msa, quantized), gate_msa
 
 
-def _norm_quantizes(norm: nn.Module) -> bool:
-    """Whether the block may call ``norm``'s forward (ours, unhooked) for a quantized output."""
+def norm_quantizes(norm: nn.Module) -> bool:
+    """Whether a block may call ``norm``'s forward (ours, unhooked) for a quantized output.
+    Shared by the DiT integrations."""
     return is_patched(norm) and runs_unhooked(norm)
 
 
@@ -178,14 +179,14 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     attn = self.attn
     ours = not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn)
     # Under FP8 each stream's norm writes its output quantized for its q/k/v projections.
-    if ours and _takes_quantized(attn) and _norm_quantizes(self.norm1):
+    if ours and _takes_quantized(attn) and norm_quantizes(self.norm1):
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
             self.norm1, hidden_states, emb=temb, quantized=True)
     else:
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
     if (ours and not attn.fused_projections and attn.added_kv_proj_dim is not None
             and _fp8.take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-            and _norm_quantizes(self.norm1_context)):
+            and norm_quantizes(self.norm1_context)):
         norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
             self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
     else:
@@ -242,7 +243,7 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     if not joint_attention_kwargs and _takes_quantized(self.attn) and _fp8.take_quantized((self.proj_mlp,)):
         # FP8: q, k, v and proj_mlp read one quantization of the norm's output, which the norm
         # writes where it can.
-        if _norm_quantizes(self.norm):
+        if norm_quantizes(self.norm):
             shared, gate = adaln_zero_single_forward(self.norm, hidden_states, emb=temb, quantized=True)
         else:
             norm_hidden_states, gate = self.norm(hidden_states, emb=temb)

@@ -13,6 +13,12 @@ copy; here the norms read contiguous rows, the concatenation copies contiguous b
 output is split with no transpose. Attention goes through diffusers' dispatcher, so
 ``inject(attention=...)`` and ``set_attention_backend`` reach it (stock calls SDPA directly). As
 stock, it applies no attention mask.
+
+Under ``inject(precision="fp8")``, where the modules involved run unhooked: the AdaLN-Zero norms
+write their outputs quantized for the FP8 linears after them (``adaln_layer_norm_fp8``), each
+stream's q/k/v share one quantization, and the block calls our processor for the heads so that
+each output projection's FP8 GEMM writes its stream's gated residual, as the feed-forwards' down
+projections do (:func:`_fp8.projected_residual`).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
-from ltx_kernels._patching import ProcessorOverStock, is_patched
+from ltx_kernels._patching import ProcessorOverStock, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
-from .flux import feed_forward_update, patch_blocks, patch_processors, plain_layer_norm
+from .flux import (adaln_zero_forward, feed_forward_update, norm_quantizes, patch_blocks, patch_processors,
+                   plain_layer_norm)
 
 BLOCK_KIND = "JointTransformerBlock (gated_residual, adaln_layer_norm)"
 ATTN_KIND = "SD3 joint attention ([B, S, H, D] layout, diffusers' dispatcher)"
@@ -36,6 +43,17 @@ class SD3KernelsJointAttnProcessor(ProcessorOverStock):
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
                  attention_mask=None, *args, **kwargs):
+        image, context = self.attention(attn, hidden_states, encoder_hidden_states)
+        image = attn.to_out[1](attn.to_out[0](image))
+        if encoder_hidden_states is None:
+            return image
+        return image, context if attn.context_pre_only else attn.to_add_out(context)
+
+    def attention(self, attn: nn.Module, hidden_states, encoder_hidden_states=None) -> tuple:
+        """What ``__call__`` computes before the output projections: the heads' outputs ``(image,
+        context)``, each ``[B, S, inner_dim]`` (context None without ``encoder_hidden_states``),
+        so that the block's FP8 GEMMs write the gated residuals. The inputs may come quantized
+        (:class:`_fp8.Quantized`, written by the norms) where the projections take them."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         def heads(t: torch.Tensor) -> torch.Tensor:
@@ -61,11 +79,9 @@ class SD3KernelsJointAttnProcessor(ProcessorOverStock):
                                     backend=self._attention_backend, parallel_config=self._parallel_config)
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
-            return attn.to_out[1](attn.to_out[0](out))
+            return out, None
         image, context = out.split_with_sizes([hidden_states.shape[1], encoder_hidden_states.shape[1]], dim=1)
-        if not attn.context_pre_only:
-            context = attn.to_add_out(context.contiguous())
-        return attn.to_out[1](attn.to_out[0](image.contiguous())), context
+        return image.contiguous(), context.contiguous()
 
 
 def _attn_problem(attn: nn.Module) -> str | None:
@@ -79,29 +95,54 @@ def _attn_problem(attn: nn.Module) -> str | None:
 def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                    temb: torch.Tensor, joint_attention_kwargs=None):
     joint_attention_kwargs = joint_attention_kwargs or {}
+    attn = self.attn
+    ours = (not joint_attention_kwargs and isinstance(attn.processor, SD3KernelsJointAttnProcessor)
+            and runs_unhooked(attn))
     if self.use_dual_attention:
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm_hidden_states2, gate_msa2 = self.norm1(
             hidden_states, emb=temb
         )
+    elif (ours and _fp8.attention_takes_quantized(attn, SD3KernelsJointAttnProcessor)
+          and norm_quantizes(self.norm1)):
+        # Under FP8 the norm writes its output quantized for the image q/k/v projections.
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
+            self.norm1, hidden_states, emb=temb, quantized=True)
     else:
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
     if self.context_pre_only:
         norm_encoder_hidden_states = self.norm1_context(encoder_hidden_states, temb)
+    elif (ours and _fp8.take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+          and norm_quantizes(self.norm1_context)):
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
+            self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
     else:
         norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
             encoder_hidden_states, emb=temb
         )
-    attn_output, context_attn_output = self.attn(
-        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states, **joint_attention_kwargs
-    )
-    hidden_states = ops.gated_residual(hidden_states, attn_output, gate_msa[:, None])
+    if ours:
+        # Our processor called for the heads: under FP8 each output projection's GEMM writes its
+        # stream's gated residual (_fp8.projected_residual).
+        attn_output, context_attn_output = attn.processor.attention(attn, norm_hidden_states,
+                                                                    norm_encoder_hidden_states)
+        hidden_states = _fp8.projected_residual(attn.to_out[0], attn_output, hidden_states, gate_msa[:, None],
+                                                attn.to_out[1])
+    else:
+        attn_output, context_attn_output = attn(
+            hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+            **joint_attention_kwargs
+        )
+        hidden_states = ops.gated_residual(hidden_states, attn_output, gate_msa[:, None])
     if self.use_dual_attention:
         attn_output2 = self.attn2(hidden_states=norm_hidden_states2, **joint_attention_kwargs)
         hidden_states = ops.gated_residual(hidden_states, attn_output2, gate_msa2[:, None])
     hidden_states = feed_forward_update(hidden_states, self.norm2, self.ff, shift_mlp, scale_mlp, gate_mlp)
     if self.context_pre_only:
         return None, hidden_states
-    encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_attn_output, c_gate_msa[:, None])
+    if ours:
+        encoder_hidden_states = _fp8.projected_residual(attn.to_add_out, context_attn_output, encoder_hidden_states,
+                                                        c_gate_msa[:, None])
+    else:
+        encoder_hidden_states = ops.gated_residual(encoder_hidden_states, context_attn_output, c_gate_msa[:, None])
     encoder_hidden_states = feed_forward_update(encoder_hidden_states, self.norm2_context, self.ff_context,
                                                 c_shift_mlp, c_scale_mlp, c_gate_mlp)
     return encoder_hidden_states, hidden_states
