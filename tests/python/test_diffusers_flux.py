@@ -210,26 +210,16 @@ def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(mon
     feed-forward down projections, the single blocks' proj_out: 4 + 4 + 2 = 10 in the tiny
     model), with no gated_residual pass; the output stays within the format's error, and is
     what the same model computes with those fusions off (a hook on each fused module)."""
-    from test_fp8 import count_quantizations
+    from test_fp8 import fp8_fused_run
 
     from ltx_kernels import _fp8
 
     stock = tiny_flux()
     model = copy.deepcopy(stock)
     inject_quietly(model, precision="fp8")
+    got, unfused, calls, fused, passes = fp8_fused_run(
+        model, flux_kwargs(), monkeypatch, ("attn", "proj_mlp", "proj_out", "to_out.0", "to_add_out", "ff", "ff_context"))
     with torch.no_grad():
-        unfused_model = copy.deepcopy(model)
-        for name, m in unfused_model.named_modules():
-            if name.endswith(("attn", "proj_mlp", "proj_out", "to_out.0", "to_add_out", "ff", "ff_context")):
-                m.register_forward_hook(lambda module, args, output: None)
-        unfused = unfused_model(**flux_kwargs())[0]
-    calls = count_quantizations(monkeypatch)
-    fused, passes = [], []
-    gemm = _fp8.ops.fp8_linear_gated_residual
-    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
-    monkeypatch.setattr(flux.ops, "gated_residual", lambda *args: passes.append(args) or args[0])
-    with torch.no_grad():
-        got = model(**flux_kwargs())[0]
         reference = stock(**flux_kwargs())[0]
     assert len(fused) == 10 and not passes
     # per double block: q/k/v of each stream, the two output projections' inputs, each FF's

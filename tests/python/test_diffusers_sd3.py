@@ -87,26 +87,13 @@ def test_fp8_norms_write_quantized_inputs_and_gemms_write_residuals(monkeypatch)
     before it (the output projections and the feed-forward down projections: 4 + 2), with no
     gated_residual pass; the output is what the same model computes with those fusions off (a
     hook on each fused module)."""
-    from test_fp8 import count_quantizations
-
-    from ltx_kernels import _fp8
+    from test_fp8 import fp8_fused_run
 
     model = tiny_sd3()
     assert_fp8_within_format_error(model, sd3_kwargs())
     inject_quietly(model, precision="fp8")
-    with torch.no_grad():
-        unfused_model = copy.deepcopy(model)
-        for name, m in unfused_model.named_modules():
-            if name.endswith(("attn", "norm1", "norm1_context", "norm2", "norm2_context", "ff", "ff_context")):
-                m.register_forward_hook(lambda module, args, output: None)
-        unfused = unfused_model(**sd3_kwargs())[0]
-    calls = count_quantizations(monkeypatch)
-    fused, passes = [], []
-    gemm = _fp8.ops.fp8_linear_gated_residual
-    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
-    monkeypatch.setattr(sd3.ops, "gated_residual", lambda *args: passes.append(args) or args[0])
-    with torch.no_grad():
-        got = model(**sd3_kwargs())[0]
+    got, unfused, calls, fused, passes = fp8_fused_run(
+        model, sd3_kwargs(), monkeypatch, ("attn", "norm1", "norm1_context", "norm2", "norm2_context", "ff", "ff_context"))
     assert len(fused) == 4 + 2 and not passes
     assert calls.count("adaln_layer_norm_fp8") == 4 + 2, calls
     # one quantization per FP8 linear's input, q/k/v sharing one: the 4 embedder linears; per

@@ -1,6 +1,8 @@
 """The FP8 linear path's ops: quantize_fp8 bit for bit against plain torch, fp8_linear against
 the dequantized product (and torch._scaled_mm on the GPU), Meta shapes and bad input."""
 
+import copy
+
 import pytest
 import torch
 
@@ -53,6 +55,28 @@ def fp8_sharing_and_fusions(model, kwargs, monkeypatch) -> tuple[int, int, int]:
                 model(**kwargs)
             counts.append((len(calls), len(fused)))
     return counts[0][0], counts[1][0], counts[0][1]
+
+
+def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...]):
+    """One forward of an FP8-injected ``model``, recorded: ``(out, unfused, quantizations,
+    GEMM-written residuals, gated_residual passes)``; ``unfused`` is the output of a copy with a
+    forward hook on every module whose name ends in one of ``fused_modules`` (each then runs as
+    a module: those fusions off)."""
+    from ltx_kernels import _fp8
+
+    with torch.no_grad():
+        unfused_model = copy.deepcopy(model)
+        for name, m in unfused_model.named_modules():
+            if name.endswith(fused_modules):
+                m.register_forward_hook(lambda module, args, output: None)
+        unfused = unfused_model(**kwargs)[0]
+    calls, fused, passes = count_quantizations(monkeypatch), [], []
+    gemm, residual = _fp8.ops.fp8_linear_gated_residual, _fp8.ops.gated_residual
+    monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
+    monkeypatch.setattr(_fp8.ops, "gated_residual", lambda *args: passes.append(args) or residual(*args))
+    with torch.no_grad():
+        out = model(**kwargs)[0]
+    return out, unfused, calls, fused, passes
 
 
 def count_quantizations(monkeypatch) -> list[str]:
