@@ -298,6 +298,26 @@ def test_fp8_hooks_on_shared_or_fused_modules_run(target):
     assert seen
 
 
+def test_single_blocks_rejoin_their_outputs_without_a_copy():
+    """A single block's (text, image) outputs are views of one tensor; the next block's
+    concatenation of them is that tensor again (flux._joined), a view. Anything else (other
+    tensors, the parts swapped, a strided copy, autograd recording) is torch.cat's copy."""
+    whole = torch.randn(2, 7 + 24, 16)
+    text, image = whole[:, :7], whole[:, 7:]
+    joined = flux._joined(text, image)
+    assert joined.data_ptr() == whole.data_ptr() and torch.equal(joined, whole)
+    for a, b in [(text.clone(), image), (image, text), (text, image[:, ::2]), (whole[:1, :7], whole[1:, 7:])]:
+        out = flux._joined(a, b)
+        assert out.data_ptr() != whole.data_ptr() and torch.equal(out, torch.cat([a, b], dim=1))
+    leaf = whole.clone().requires_grad_()
+    assert flux._joined(leaf[:, :7], leaf[:, 7:]).data_ptr() != leaf.data_ptr()
+    model = tiny_flux()
+    stock = copy.deepcopy(model)
+    inject_quietly(model)
+    with torch.no_grad():
+        assert rel_err(model(**flux_kwargs())[0], stock(**flux_kwargs())[0]) < 1e-5
+
+
 def test_benchmark_inputs_run_on_the_tiny_config():
     """The FLUX benchmark's model and inputs (its GPU run uses the full 'dev' config), on the
     CPU at the tiny one, stock and injected."""
