@@ -80,6 +80,8 @@ def test_blocks_match_stock(name):
     assert all(is_patched(block) for block in model.transformer_blocks)
     if name == "dit":  # its norm1 is an AdaLayerNormZero, patched by class
         assert report.patched[flux.ADALN_KIND] == 2, report
+    # each block's attentions take our processor (DiT's blocks have no cross-attention)
+    assert report.patched[dit.ATTN_KIND] == (4 if name == "pixart" else 2), report
     with torch.no_grad():
         assert rel_err(model(**kwargs())[0], stock(**kwargs())[0]) < 1e-5
 
@@ -113,7 +115,8 @@ def test_bf16_is_as_close_to_fp32_as_stock_bf16(name):
 
 
 @pytest.mark.parametrize("target", ["transformer_blocks.0.norm1", "transformer_blocks.0.norm2",
-                                    "transformer_blocks.1.ff", "transformer_blocks.0.attn2"])
+                                    "transformer_blocks.1.ff", "transformer_blocks.0.attn2",
+                                    "transformer_blocks.1.attn1", "transformer_blocks.0.attn1.to_k"])
 def test_hooks_on_pixart_submodules_run(target):
     assert_hooked_call_runs(tiny_pixart(), target, pixart_kwargs())
 
@@ -164,6 +167,29 @@ def test_remove_compile_and_training(name):
 def test_fp8_linears_under_the_fused_blocks():
     report = assert_fp8_within_format_error(tiny_pixart(), pixart_kwargs())
     assert report.patched[dit.BLOCK_KIND] == 2, report
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fp8_norms_write_quantized_inputs_and_gemms_write_residuals(name, monkeypatch):
+    """inject(precision="fp8"): norm1 writes its output quantized for attn1's q/k/v, which share
+    it, as the FF's norm does for the FF; the cross-attention's k/v share one quantization of
+    the caption; attn1's output projection and the FF's down projection GEMMs write the gated
+    residuals (no gated_residual pass). Per PixArt block 6 quantizations: norm1's, attn1's
+    output's, attn2's query and caption, the FF's norm and GELU hidden; per DiT block 4 (no
+    cross-attention) beside the 3 linears of its AdaLN-Zero norm (the timestep embedding's two,
+    the modulation), and the output AdaLN's timestep embedding (2). The output is the
+    fusions-off copy's."""
+    from test_fp8 import fp8_fused_run
+
+    make, kwargs = MODELS[name]
+    model = make()
+    inject_quietly(model, precision="fp8")
+    got, unfused, calls, fused, passes = fp8_fused_run(model, kwargs(), monkeypatch,
+                                                       ("attn1", "norm1", "norm2", "norm3", "ff"))
+    assert len(fused) == 2 * 2 and not passes
+    assert calls.count("adaln_layer_norm_fp8") == 2 * 2, calls
+    assert len(calls) == (2 * 6 if name == "pixart" else 2 * (4 + 3) + 2), calls
+    assert rel_err(got, unfused) < 1e-5  # fp32: the GEMM-written residual rounds as the pass does
 
 
 def test_fp8_keeps_dit_output_projections_in_the_model_dtype():
