@@ -123,7 +123,7 @@ def test_bf16_is_as_close_to_fp32_as_stock_bf16(variant, keep_fp32, device):
 
 @pytest.mark.parametrize("target", ["blocks.0.norm1", "blocks.0.norm2", "blocks.1.norm3", "blocks.0.ffn",
                                     "blocks.0.ffn.net.0.proj", "blocks.1.attn1", "blocks.0.attn1.norm_q",
-                                    "blocks.0.attn2"])
+                                    "blocks.0.attn2", "blocks.1.attn1.to_out.0", "blocks.0.attn1.to_v"])
 def test_hooks_on_fused_submodules_run(target):
     """A hook on a norm a fused forward reads in place sees its call (that part runs unfused),
     and the output stays stock's."""
@@ -208,15 +208,22 @@ def test_fp8_runs_within_the_format_error():
     assert report.patched[wan.BLOCK_KIND] == 2
 
 
-def test_fp8_self_attention_shares_a_quantization_and_the_ffn_writes_its_residual(monkeypatch):
-    """Under FP8 each block's self-attention q/k/v read one quantization of their input (two
-    fewer a block than one each) and the FFN's down projection GEMM writes the gated residual."""
-    from test_fp8 import fp8_sharing_and_fusions
+def test_fp8_norms_write_quantized_inputs_and_gemms_write_residuals(monkeypatch):
+    """Under FP8, per block: norm1 writes its output quantized for the self-attention's q/k/v,
+    which share it, as norm3 does for the FFN; the self-attention's output projection and the
+    FFN's down projection GEMMs write the gated residuals (no gated_residual pass). 6
+    quantizations a block: norm1's, attn1's output's, the cross-attention's query and output
+    (its text k/v stay in the model's dtype: inject's default fp8_skip), norm3's and the GELU
+    hidden's. The output is the fusions-off copy's."""
+    from test_fp8 import fp8_fused_run
 
     model = tiny_wan()
     inject_quietly(model, precision="fp8")
-    shared, one_by_one, fused = fp8_sharing_and_fusions(model, wan_kwargs(), monkeypatch)
-    assert one_by_one - shared == 2 * 2 and fused == 2
+    got, unfused, calls, fused, passes = fp8_fused_run(model, wan_kwargs(), monkeypatch,
+                                                       ("attn1", "norm1", "norm3", "ffn"))
+    assert len(fused) == 2 * 2 and not passes
+    assert calls.count("adaln_layer_norm_fp8") == 2 * 2 and len(calls) == 2 * 6, calls
+    assert rel_err(got, unfused) < 1e-5  # fp32: the GEMM-written residual rounds as the pass does
 
 
 def test_benchmark_inputs_run_on_the_tiny_config():

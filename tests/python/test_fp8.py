@@ -34,29 +34,6 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf * inv[..., None]).to(FP8), amax / fp8_max
 
 
-def fp8_sharing_and_fusions(model, kwargs, monkeypatch) -> tuple[int, int, int]:
-    """For an FP8-injected ``model``: (quantizations in a forward, the same with each
-    attention's projections quantizing their input one by one, GEMM-written residuals)."""
-    from ltx_kernels import _fp8
-
-    def one_by_one(attn, hidden_states, encoder_hidden_states=None):
-        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-        return [attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)]
-
-    counts = []
-    for sharing in (True, False):
-        with monkeypatch.context() as m:
-            if not sharing:
-                m.setattr(_fp8, "attention_projections", one_by_one)
-            calls, fused = count_quantizations(m), []
-            gemm = _fp8.ops.fp8_linear_gated_residual
-            m.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
-            with torch.no_grad():
-                model(**kwargs)
-            counts.append((len(calls), len(fused)))
-    return counts[0][0], counts[1][0], counts[0][1]
-
-
 def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...]):
     """One forward of an FP8-injected ``model``, recorded: ``(out, unfused, quantizations,
     GEMM-written residuals, gated_residual passes)``; ``unfused`` is the output of a copy with a

@@ -26,6 +26,11 @@ the model's output norm (``norm_out``, in the model forward). QK RMSNorms (``tor
 across heads) and the feed-forward's GELU-tanh projection are patched by class, as in any
 model. Submodules are called as modules, so hooks, LoRA and FP8 linears apply; a norm with
 hooks runs unfused (``call_fused``).
+
+Under ``inject(precision="fp8")``, where the modules involved run unhooked: norm1 and norm3 write
+their outputs quantized (``adaln_layer_norm_fp8``) for the self-attention's q/k/v (which share
+it) and the FFN, and the self-attention's output projection and the FFN's down projection GEMMs
+write the gated residuals (:func:`_fp8.attention_residual`, :func:`_fp8.feed_forward_gated_residual`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from torch import nn
 
 from ltx_kernels import _fp8, ops
 from ltx_kernels._forwards import layer_norm_forward
-from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched
+from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
 from .flux import patch_blocks, patch_processors
@@ -50,13 +55,21 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
 
     def __call__(self, attn: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states=None,
                  attention_mask=None, rotary_emb=None):
+        if not _wan_tables(rotary_emb):  # stock's steps
+            return self._stock(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+        heads = self.attention(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+        return attn.to_out[1](attn.to_out[0](heads))
+
+    def attention(self, attn: nn.Module, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                  rotary_emb=None) -> torch.Tensor:
+        """What ``__call__`` computes before the output projection, with RoPE tables that
+        :func:`_wan_tables` takes: the heads' outputs ``[B, S, inner_dim]``. ``hidden_states``
+        may come quantized (:class:`_fp8.Quantized`, norm1's output under FP8) where the q/k/v
+        projections take it (:func:`_fp8.attention_takes_quantized`, no fused projections)."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-        cos, sin = rotary_emb if rotary_emb is not None else (None, None)
-        if cos is None or not (cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[2] == 1):
-            # No RoPE, or tables not of WanRotaryPosEmbed's [1, S, 1, head_dim] shape: stock's steps
-            return self._stock(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+        cos, sin = rotary_emb
         if attn.fused_projections or encoder_hidden_states is not None:
             query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         else:  # under FP8, q/k/v share one quantization of their input (_fp8.linears)
@@ -71,16 +84,30 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
             backend=self._attention_backend,
             parallel_config=self._parallel_config if encoder_hidden_states is None else None,
         )
-        hidden_states = hidden_states.flatten(2, 3).type_as(query)
-        return attn.to_out[1](attn.to_out[0](hidden_states))
+        return hidden_states.flatten(2, 3).type_as(query)
 
 
-def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def _wan_tables(rotary_emb) -> bool:
+    """Whether ``rotary_emb`` holds tables of WanRotaryPosEmbed's ``[1, S, 1, head_dim]`` shape,
+    which our processor's RoPE reads (others, or none, take the stock processor's steps)."""
+    cos = rotary_emb[0] if rotary_emb is not None else None
+    return cos is not None and cos.dim() == 4 and cos.shape[0] == 1 and cos.shape[2] == 1
+
+
+def _modulate(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, quantized: bool = False):
     """Stock ``(norm(x.float()) * (1 + scale) + shift).type_as(x)`` (``norm`` an FP32LayerNorm
-    without affine; fp32 ``scale`` / ``shift`` per sample ``[B, 1, D]`` or per token) in one pass."""
+    without affine; fp32 ``scale`` / ``shift`` per sample ``[B, 1, D]`` or per token) in one pass;
+    ``quantized``: as an FP8 GEMM's input, written so by the norm (``adaln_layer_norm_fp8``)."""
+    scale, shift = scale.to(x.dtype), shift.to(x.dtype)
+    if quantized:
+        return call_fused(
+            (norm,),
+            lambda: _fp8.Quantized(*ops.adaln_layer_norm_fp8(x, scale, shift, None, None, norm.eps), x.dtype),
+            lambda: _fp8.Quantized(*ops.quantize_fp8((norm(x.float()) * (1 + scale) + shift).type_as(x)), x.dtype),
+        )
     return call_fused(
         (norm,),
-        lambda: ops.adaln_layer_norm(x, scale.to(x.dtype), shift.to(x.dtype), None, None, norm.eps),
+        lambda: ops.adaln_layer_norm(x, scale, shift, None, None, norm.eps),
         lambda: (norm(x.float()) * (1 + scale) + shift).type_as(x),
     )
 
@@ -101,17 +128,30 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = modulation
     dtype = hidden_states.dtype
 
-    attn_output = self.attn1(_modulate(self.norm1, hidden_states, scale_msa, shift_msa), None, None, rotary_emb)
-    hidden_states = ops.gated_residual(hidden_states, attn_output.to(dtype), gate_msa.to(dtype))
+    # Our processor with tables it reads: under FP8, norm1 writes its output quantized for the q/k/v
+    # projections and the output projection's GEMM writes the gated residual.
+    ours = (_wan_tables(rotary_emb) and isinstance(self.attn1.processor, WanKernelsAttnProcessor)
+            and runs_unhooked(self.attn1))
+    quantized = (ours and not self.attn1.fused_projections
+                 and _fp8.attention_takes_quantized(self.attn1, WanKernelsAttnProcessor))
+    normed = _modulate(self.norm1, hidden_states, scale_msa, shift_msa, quantized)
+    if ours:
+        hidden_states = _fp8.attention_residual(self.attn1, WanKernelsAttnProcessor, hidden_states,
+                                                gate_msa.to(dtype), normed, None, None, rotary_emb)
+    else:
+        attn_output = self.attn1(normed, None, None, rotary_emb)
+        hidden_states = ops.gated_residual(hidden_states, attn_output.to(dtype), gate_msa.to(dtype))
 
     attn_output = self.attn2(_cross_attn_norm(self.norm2, hidden_states), encoder_hidden_states, None, None)
     hidden_states = hidden_states + attn_output
 
-    normed, gate = _modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa), c_gate_msa.to(dtype)
+    gate = c_gate_msa.to(dtype)
     if _fp8.feed_forward_takes_quantized(self.ffn) and _fp8.fuses_gated_residual(hidden_states, gate):
-        # FP8: the FF's down projection GEMM writes the gated residual
-        return _fp8.feed_forward_gated_residual(self.ffn, _fp8.Quantized(*ops.quantize_fp8(normed), dtype),
-                                                hidden_states, gate)
+        # FP8: norm3 writes the FF's input quantized, the down projection GEMM the gated residual
+        return _fp8.feed_forward_gated_residual(
+            self.ffn, _modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa, quantized=True), hidden_states,
+            gate)
+    normed = _modulate(self.norm3, hidden_states, c_scale_msa, c_shift_msa)
     return ops.gated_residual(hidden_states, self.ffn(normed).to(dtype), gate)
 
 
