@@ -253,17 +253,17 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
-  m.impl("attention", &attention_cpu);
-  m.impl("attention_backward", &attention_backward);
+  LTX_KERNELS_IMPL(m, "attention", attention_cpu);
+  LTX_KERNELS_IMPL(m, "attention_backward", attention_backward);
 }
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("attention", &attention_meta);
-  m.impl("attention_backward", &attention_backward_meta);
+  LTX_KERNELS_IMPL(m, "attention", attention_meta);
+  LTX_KERNELS_IMPL(m, "attention_backward", attention_backward_meta);
 }
 #ifdef LTX_KERNELS_WITH_CUDA
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("attention", &attention_cuda);
-  m.impl("attention_backward", &attention_backward);
+  LTX_KERNELS_IMPL(m, "attention", attention_cuda);
+  LTX_KERNELS_IMPL(m, "attention_backward", attention_backward);
 }
 #endif
 

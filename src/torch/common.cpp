@@ -1,4 +1,5 @@
 #include "torch/common.h"
+#include "torch/registration.h"
 
 #include <ATen/MemoryOverlap.h>
 
@@ -226,5 +227,20 @@ void check_compute_capability(const at::Tensor& x, int minimum, const char* op, 
                     std::to_string(minimum / 10), ".", std::to_string(minimum % 10), " or newer");
 }
 #endif
+
+// Raised again with the op's name in front, as the same c10 error type (so the same Python
+// exception); TORCH_CHECK_* stream only strings here (see the note on formatting above).
+[[noreturn]] void rethrow_naming(const c10::Error& error, const char* op) {
+  const std::string prefix = std::string(op) + ": ";
+  if (error.msg().rfind(prefix, 0) == 0) throw;
+  const std::string message = prefix + error.msg();
+  if (dynamic_cast<const c10::TypeError*>(&error) != nullptr) TORCH_CHECK_TYPE(false, std::string(message));
+  if (dynamic_cast<const c10::ValueError*>(&error) != nullptr) TORCH_CHECK_VALUE(false, std::string(message));
+  if (dynamic_cast<const c10::NotImplementedError*>(&error) != nullptr) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, std::string(message));
+  }
+  if (dynamic_cast<const c10::IndexError*>(&error) != nullptr) TORCH_CHECK_INDEX(false, std::string(message));
+  throw;  // other c10 errors (out of memory, ...) as they are
+}
 
 }  // namespace ltx_kernels::torch_ext

@@ -280,16 +280,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_linear_cross_en
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
-  m.impl("fused_linear_cross_entropy", &fused_linear_cross_entropy);
-  m.impl("fused_linear_cross_entropy_backward", &fused_linear_cross_entropy_backward);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy", fused_linear_cross_entropy);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy_backward", fused_linear_cross_entropy_backward);
 }
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("fused_linear_cross_entropy", &fused_linear_cross_entropy);
-  m.impl("fused_linear_cross_entropy_backward", &fused_linear_cross_entropy_backward);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy", fused_linear_cross_entropy);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy_backward", fused_linear_cross_entropy_backward);
 }
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("fused_linear_cross_entropy", &fused_linear_cross_entropy_meta);
-  m.impl("fused_linear_cross_entropy_backward", &fused_linear_cross_entropy_backward_meta);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy", fused_linear_cross_entropy_meta);
+  LTX_KERNELS_IMPL(m, "fused_linear_cross_entropy_backward", fused_linear_cross_entropy_backward_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -330,21 +330,21 @@ at::Tensor swiglu_backward_meta(const at::Tensor& grad_out, const at::Tensor& x)
 }
 
 void register_impls(torch::Library& m) {
-  m.impl("gelu_tanh", &gelu_tanh);
-  m.impl("gelu_tanh_and_mul", &gelu_tanh_and_mul);
-  m.impl("gelu_and_mul", &gelu_and_mul);
-  m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("geglu", &geglu);
-  m.impl("geglu.out", &geglu_out);
-  m.impl("swiglu", &swiglu);
-  m.impl("swiglu.out", &swiglu_out);
-  m.impl("gated_residual", &gated_residual);
-  m.impl("gelu_tanh_backward", &gelu_tanh_backward);
-  m.impl("gelu_tanh_and_mul_backward", &gelu_tanh_and_mul_backward);
-  m.impl("gelu_and_mul_backward", &gelu_and_mul_backward);
-  m.impl("silu_and_mul_backward", &silu_and_mul_backward);
-  m.impl("geglu_backward", &geglu_backward);
-  m.impl("swiglu_backward", &swiglu_backward);
+  LTX_KERNELS_IMPL(m, "gelu_tanh", gelu_tanh);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_and_mul", gelu_tanh_and_mul);
+  LTX_KERNELS_IMPL(m, "gelu_and_mul", gelu_and_mul);
+  LTX_KERNELS_IMPL(m, "silu_and_mul", silu_and_mul);
+  LTX_KERNELS_IMPL(m, "geglu", geglu);
+  LTX_KERNELS_IMPL(m, "geglu.out", geglu_out);
+  LTX_KERNELS_IMPL(m, "swiglu", swiglu);
+  LTX_KERNELS_IMPL(m, "swiglu.out", swiglu_out);
+  LTX_KERNELS_IMPL(m, "gated_residual", gated_residual);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_backward", gelu_tanh_backward);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_and_mul_backward", gelu_tanh_and_mul_backward);
+  LTX_KERNELS_IMPL(m, "gelu_and_mul_backward", gelu_and_mul_backward);
+  LTX_KERNELS_IMPL(m, "silu_and_mul_backward", silu_and_mul_backward);
+  LTX_KERNELS_IMPL(m, "geglu_backward", geglu_backward);
+  LTX_KERNELS_IMPL(m, "swiglu_backward", swiglu_backward);
 }
 
 }  // namespace
@@ -356,21 +356,21 @@ LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("gelu_tanh", &gelu_tanh_meta);
-  m.impl("gelu_tanh_and_mul", &and_mul_meta);
-  m.impl("gelu_and_mul", &and_mul_meta);
-  m.impl("silu_and_mul", &and_mul_meta);
-  m.impl("geglu", &geglu_meta);
-  m.impl("geglu.out", &geglu_out_meta);
-  m.impl("swiglu", &swiglu_meta);
-  m.impl("swiglu.out", &swiglu_out_meta);
-  m.impl("gated_residual", &gated_residual_meta);
-  m.impl("gelu_tanh_backward", &gelu_tanh_backward_meta);
-  m.impl("gelu_tanh_and_mul_backward", &and_mul_backward_meta);
-  m.impl("gelu_and_mul_backward", &and_mul_backward_meta);
-  m.impl("silu_and_mul_backward", &and_mul_backward_meta);
-  m.impl("geglu_backward", &geglu_backward_meta);
-  m.impl("swiglu_backward", &swiglu_backward_meta);
+  LTX_KERNELS_IMPL(m, "gelu_tanh", gelu_tanh_meta);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_and_mul", and_mul_meta);
+  LTX_KERNELS_IMPL(m, "gelu_and_mul", and_mul_meta);
+  LTX_KERNELS_IMPL(m, "silu_and_mul", and_mul_meta);
+  LTX_KERNELS_IMPL(m, "geglu", geglu_meta);
+  LTX_KERNELS_IMPL(m, "geglu.out", geglu_out_meta);
+  LTX_KERNELS_IMPL(m, "swiglu", swiglu_meta);
+  LTX_KERNELS_IMPL(m, "swiglu.out", swiglu_out_meta);
+  LTX_KERNELS_IMPL(m, "gated_residual", gated_residual_meta);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_backward", gelu_tanh_backward_meta);
+  LTX_KERNELS_IMPL(m, "gelu_tanh_and_mul_backward", and_mul_backward_meta);
+  LTX_KERNELS_IMPL(m, "gelu_and_mul_backward", and_mul_backward_meta);
+  LTX_KERNELS_IMPL(m, "silu_and_mul_backward", and_mul_backward_meta);
+  LTX_KERNELS_IMPL(m, "geglu_backward", geglu_backward_meta);
+  LTX_KERNELS_IMPL(m, "swiglu_backward", swiglu_backward_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -54,8 +54,8 @@ Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
-  m.impl("gated_residual_backward", &gated_residual_backward);
-  m.impl("linear_gelu_tanh_backward", &linear_gelu_tanh_backward);
+  LTX_KERNELS_IMPL(m, "gated_residual_backward", gated_residual_backward);
+  LTX_KERNELS_IMPL(m, "linear_gelu_tanh_backward", linear_gelu_tanh_backward);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -180,17 +180,17 @@ Grads4 group_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, int6
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
-  m.impl("group_norm", &group_norm);
-  m.impl("group_norm_backward", &group_norm_backward);
+  LTX_KERNELS_IMPL(m, "group_norm", group_norm);
+  LTX_KERNELS_IMPL(m, "group_norm_backward", group_norm_backward);
 }
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("group_norm", &group_norm_meta);
-  m.impl("group_norm_backward", &group_norm_backward_meta);
+  LTX_KERNELS_IMPL(m, "group_norm", group_norm_meta);
+  LTX_KERNELS_IMPL(m, "group_norm_backward", group_norm_backward_meta);
 }
 #ifdef LTX_KERNELS_WITH_CUDA
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("group_norm", &group_norm);
-  m.impl("group_norm_backward", &group_norm_backward);
+  LTX_KERNELS_IMPL(m, "group_norm", group_norm);
+  LTX_KERNELS_IMPL(m, "group_norm_backward", group_norm_backward);
 }
 #endif
 

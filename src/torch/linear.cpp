@@ -67,10 +67,10 @@ at::Tensor linear_gelu_tanh_cuda(const at::Tensor& x, const at::Tensor& weight, 
 
 }  // namespace
 
-LTX_KERNELS_LIBRARY_IMPL(CPU, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cpu); }
-LTX_KERNELS_LIBRARY_IMPL(Meta, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_meta); }
+LTX_KERNELS_LIBRARY_IMPL(CPU, m) { LTX_KERNELS_IMPL(m, "linear_gelu_tanh", linear_gelu_tanh_cpu); }
+LTX_KERNELS_LIBRARY_IMPL(Meta, m) { LTX_KERNELS_IMPL(m, "linear_gelu_tanh", linear_gelu_tanh_meta); }
 #ifdef LTX_KERNELS_WITH_CUDA
-LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { m.impl("linear_gelu_tanh", &linear_gelu_tanh_cuda); }
+LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { LTX_KERNELS_IMPL(m, "linear_gelu_tanh", linear_gelu_tanh_cuda); }
 #endif
 
 }  // namespace ltx_kernels::torch_ext

@@ -439,20 +439,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_residual_adaln_rms_norm_fp8
 
 // CPU and CUDA share the implementations: `run` picks the reference or the launcher.
 void register_impls(torch::Library& m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-  m.impl("fused_add_rms_norm_", &fused_add_rms_norm_);
-  m.impl("layer_norm", &layer_norm);
-  m.impl("adaln_rms_norm", &adaln_rms_norm);
-  m.impl("adaln_layer_norm", &adaln_layer_norm);
-  m.impl("adaln_rms_norm.out", &adaln_rms_norm_out);
-  m.impl("adaln_layer_norm.out", &adaln_layer_norm_out);
-  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm);
-  m.impl("rms_norm_fp8", &rms_norm_fp8);
-  m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8);
-  m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8);
-  m.impl("adaln_layer_norm_fp8", &adaln_layer_norm_fp8);
-  m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8);
+  LTX_KERNELS_IMPL(m, "rms_norm", rms_norm);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm", fused_add_rms_norm);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_", fused_add_rms_norm_);
+  LTX_KERNELS_IMPL(m, "layer_norm", layer_norm);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm", adaln_rms_norm);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm", adaln_layer_norm);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm.out", adaln_rms_norm_out);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm.out", adaln_layer_norm_out);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm", gated_residual_adaln_rms_norm);
+  LTX_KERNELS_IMPL(m, "rms_norm_fp8", rms_norm_fp8);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_fp8", fused_add_rms_norm_fp8);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm_fp8", adaln_rms_norm_fp8);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm_fp8", adaln_layer_norm_fp8);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm_fp8", gated_residual_adaln_rms_norm_fp8);
 }
 
 }  // namespace
@@ -464,20 +464,20 @@ LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("rms_norm", &rms_norm_meta);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_meta);
-  m.impl("fused_add_rms_norm_", &fused_add_rms_norm__meta);
-  m.impl("layer_norm", &layer_norm_meta);
-  m.impl("adaln_rms_norm", &adaln_rms_norm_meta);
-  m.impl("adaln_layer_norm", &adaln_layer_norm_meta);
-  m.impl("adaln_rms_norm.out", &adaln_rms_norm_out_meta);
-  m.impl("adaln_layer_norm.out", &adaln_layer_norm_out_meta);
-  m.impl("gated_residual_adaln_rms_norm", &gated_residual_adaln_rms_norm_meta);
-  m.impl("rms_norm_fp8", &rms_norm_fp8_meta);
-  m.impl("fused_add_rms_norm_fp8", &fused_add_rms_norm_fp8_meta);
-  m.impl("adaln_rms_norm_fp8", &adaln_rms_norm_fp8_meta);
-  m.impl("adaln_layer_norm_fp8", &adaln_layer_norm_fp8_meta);
-  m.impl("gated_residual_adaln_rms_norm_fp8", &gated_residual_adaln_rms_norm_fp8_meta);
+  LTX_KERNELS_IMPL(m, "rms_norm", rms_norm_meta);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm", fused_add_rms_norm_meta);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_", fused_add_rms_norm__meta);
+  LTX_KERNELS_IMPL(m, "layer_norm", layer_norm_meta);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm", adaln_rms_norm_meta);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm", adaln_layer_norm_meta);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm.out", adaln_rms_norm_out_meta);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm.out", adaln_layer_norm_out_meta);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm", gated_residual_adaln_rms_norm_meta);
+  LTX_KERNELS_IMPL(m, "rms_norm_fp8", rms_norm_fp8_meta);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_fp8", fused_add_rms_norm_fp8_meta);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm_fp8", adaln_rms_norm_fp8_meta);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm_fp8", adaln_layer_norm_fp8_meta);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm_fp8", gated_residual_adaln_rms_norm_fp8_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

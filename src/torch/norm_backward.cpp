@@ -383,29 +383,29 @@ Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Te
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
-  m.impl("rms_norm_backward", &rms_norm_backward);
-  m.impl("layer_norm_backward", &layer_norm_backward);
-  m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward);
-  m.impl("adaln_layer_norm_backward", &adaln_layer_norm_backward);
+  LTX_KERNELS_IMPL(m, "rms_norm_backward", rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "layer_norm_backward", layer_norm_backward);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_backward", fused_add_rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "adaln_layer_norm_backward", adaln_layer_norm_backward);
 }
 
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
-  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward);
-  m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm_backward", adaln_rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm_backward", gated_residual_adaln_rms_norm_backward);
 }
 
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward_meta);
-  m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward_meta);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm_backward", adaln_rms_norm_backward_meta);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm_backward", gated_residual_adaln_rms_norm_backward_meta);
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("rms_norm_backward", &rms_norm_backward_cuda);
-  m.impl("layer_norm_backward", &layer_norm_backward_cuda);
-  m.impl("fused_add_rms_norm_backward", &fused_add_rms_norm_backward_cuda);
-  m.impl("adaln_rms_norm_backward", &adaln_rms_norm_backward);
-  m.impl("gated_residual_adaln_rms_norm_backward", &gated_residual_adaln_rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "rms_norm_backward", rms_norm_backward_cuda);
+  LTX_KERNELS_IMPL(m, "layer_norm_backward", layer_norm_backward_cuda);
+  LTX_KERNELS_IMPL(m, "fused_add_rms_norm_backward", fused_add_rms_norm_backward_cuda);
+  LTX_KERNELS_IMPL(m, "adaln_rms_norm_backward", adaln_rms_norm_backward);
+  LTX_KERNELS_IMPL(m, "gated_residual_adaln_rms_norm_backward", gated_residual_adaln_rms_norm_backward);
 }
 #endif
 

@@ -317,20 +317,20 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
-  m.impl("quantize_fp8", &quantize_fp8);
-  m.impl("fp8_linear", &fp8_linear_cpu);
-  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_cpu);
+  LTX_KERNELS_IMPL(m, "quantize_fp8", quantize_fp8);
+  LTX_KERNELS_IMPL(m, "fp8_linear", fp8_linear_cpu);
+  LTX_KERNELS_IMPL(m, "fp8_linear_gated_residual", fp8_linear_gated_residual_cpu);
 }
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("quantize_fp8", &quantize_fp8_meta);
-  m.impl("fp8_linear", &fp8_linear_meta);
-  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_meta);
+  LTX_KERNELS_IMPL(m, "quantize_fp8", quantize_fp8_meta);
+  LTX_KERNELS_IMPL(m, "fp8_linear", fp8_linear_meta);
+  LTX_KERNELS_IMPL(m, "fp8_linear_gated_residual", fp8_linear_gated_residual_meta);
 }
 #ifdef LTX_KERNELS_WITH_CUDA
 LTX_KERNELS_LIBRARY_IMPL(CUDA, m) {
-  m.impl("quantize_fp8", &quantize_fp8);
-  m.impl("fp8_linear", &fp8_linear_cuda);
-  m.impl("fp8_linear_gated_residual", &fp8_linear_gated_residual_cuda);
+  LTX_KERNELS_IMPL(m, "quantize_fp8", quantize_fp8);
+  LTX_KERNELS_IMPL(m, "fp8_linear", fp8_linear_cuda);
+  LTX_KERNELS_IMPL(m, "fp8_linear_gated_residual", fp8_linear_gated_residual_cuda);
 }
 #endif
 

@@ -20,12 +20,43 @@
 #define LTX_KERNELS_LIBRARY(m) LTX_KERNELS_TORCH_LIBRARY_EXPAND(LTX_KERNELS_OPS_NAMESPACE, m)
 #define LTX_KERNELS_LIBRARY_IMPL(k, m) LTX_KERNELS_TORCH_LIBRARY_IMPL_EXPAND(LTX_KERNELS_OPS_NAMESPACE, k, m)
 
+// m.impl(name, fn) behind NamedKernel (below): the kernel's errors name the op.
+#define LTX_KERNELS_IMPL(m, name, fn)                                                         \
+  do {                                                                                        \
+    struct Tag {                                                                              \
+      static const char* op() { return name; }                                                \
+    };                                                                                        \
+    (m).impl(name, &::ltx_kernels::torch_ext::NamedKernel<decltype(fn), &fn, Tag>::call);     \
+  } while (false)
+
 // The namespace as a string, e.g. for an op's qualified name: "ltx_kernels".
 #define LTX_KERNELS_STRINGIFY(x) #x
 #define LTX_KERNELS_STRINGIFY_EXPAND(x) LTX_KERNELS_STRINGIFY(x)
 #define LTX_KERNELS_OPS_NAMESPACE_STR LTX_KERNELS_STRINGIFY_EXPAND(LTX_KERNELS_OPS_NAMESPACE)
 
 namespace ltx_kernels::torch_ext {
+// Errors name their op: `LTX_KERNELS_IMPL(m, "rms_norm", rms_norm)` registers rms_norm behind
+// a wrapper that raises a c10 error of the kernel's (a shared check's, e.g. "weight must have
+// shape [64] ...") again as "rms_norm: weight must have shape [64] ...", the same Python
+// exception type; a message already naming the op passes as it is. The wrapper costs nothing
+// where nothing is thrown. (The macro's local Tag type keeps one name per registration: one
+// function may serve several ops, e.g. the Meta kernels of the GLU family.)
+[[noreturn]] void rethrow_naming(const c10::Error& error, const char* op);
+
+template <typename Fn, Fn* F, typename Tag>
+struct NamedKernel;
+
+template <typename R, typename... Args, R (*F)(Args...), typename Tag>
+struct NamedKernel<R(Args...), F, Tag> {
+  static R call(Args... args) {
+    try {
+      return F(std::forward<Args>(args)...);
+    } catch (const c10::Error& error) {
+      rethrow_naming(error, Tag::op());
+    }
+  }
+};
+
 // The Autograd kernel of an op without a backward (autograd.cpp): raises when an input
 // requires grad in grad mode, so gradients are never silently None.
 torch::CppFunction forward_only_kernel();

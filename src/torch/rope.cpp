@@ -319,10 +319,10 @@ std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope_meta(
 }
 
 void register_impls(torch::Library& m) {
-  m.impl("apply_rotary_pos_emb", &apply_rotary_pos_emb);
-  m.impl("ltx_rope", &ltx_rope);
-  m.impl("ltx_rope_angles", &ltx_rope_angles);
-  m.impl("ltx_qk_norm_rope", &ltx_qk_norm_rope);
+  LTX_KERNELS_IMPL(m, "apply_rotary_pos_emb", apply_rotary_pos_emb);
+  LTX_KERNELS_IMPL(m, "ltx_rope", ltx_rope);
+  LTX_KERNELS_IMPL(m, "ltx_rope_angles", ltx_rope_angles);
+  LTX_KERNELS_IMPL(m, "ltx_qk_norm_rope", ltx_qk_norm_rope);
 }
 
 }  // namespace
@@ -358,10 +358,10 @@ LTX_KERNELS_LIBRARY_IMPL(CUDA, m) { register_impls(m); }
 #endif
 
 LTX_KERNELS_LIBRARY_IMPL(Meta, m) {
-  m.impl("apply_rotary_pos_emb", &apply_rotary_pos_emb_meta);
-  m.impl("ltx_rope", &ltx_rope_meta);
-  m.impl("ltx_rope_angles", &ltx_rope_angles_meta);
-  m.impl("ltx_qk_norm_rope", &ltx_qk_norm_rope_meta);
+  LTX_KERNELS_IMPL(m, "apply_rotary_pos_emb", apply_rotary_pos_emb_meta);
+  LTX_KERNELS_IMPL(m, "ltx_rope", ltx_rope_meta);
+  LTX_KERNELS_IMPL(m, "ltx_rope_angles", ltx_rope_angles_meta);
+  LTX_KERNELS_IMPL(m, "ltx_qk_norm_rope", ltx_qk_norm_rope_meta);
 }
 
 }  // namespace ltx_kernels::torch_ext

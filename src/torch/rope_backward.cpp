@@ -205,10 +205,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ltx_qk_no
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
-  m.impl("apply_rotary_pos_emb_backward", &apply_rotary_pos_emb_backward);
-  m.impl("ltx_rope_backward", &ltx_rope_backward);
-  m.impl("ltx_rope_angles_backward", &ltx_rope_angles_backward);
-  m.impl("ltx_qk_norm_rope_backward", &ltx_qk_norm_rope_backward);
+  LTX_KERNELS_IMPL(m, "apply_rotary_pos_emb_backward", apply_rotary_pos_emb_backward);
+  LTX_KERNELS_IMPL(m, "ltx_rope_backward", ltx_rope_backward);
+  LTX_KERNELS_IMPL(m, "ltx_rope_angles_backward", ltx_rope_angles_backward);
+  LTX_KERNELS_IMPL(m, "ltx_qk_norm_rope_backward", ltx_qk_norm_rope_backward);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -69,29 +69,36 @@ def test_torch_compile_in_place(device):
 
 
 def bad_inputs(device):
+    """(op, message, call): each message must start with its op's name, once, whether the
+    op's own check raised it or a shared one (registration.h's NamedKernel)."""
     x = torch.randn(4, 64, device=device)
     w = torch.randn(64, device=device)
     return [
-        ("x must be float32", lambda: ltx_kernels.rms_norm(x.double(), None)),
-        ("x must be float32", lambda: ltx_kernels.rms_norm(x.int(), None)),
-        ("x must have at least 1 dim", lambda: ltx_kernels.rms_norm(torch.tensor(1.0, device=device), None)),
-        ("x must have a contiguous last dim", lambda: ltx_kernels.rms_norm(x.t(), None)),
-        ("weight must have shape", lambda: ltx_kernels.rms_norm(x, torch.randn(63, device=device))),
-        ("weight must have shape", lambda: ltx_kernels.rms_norm(x, torch.randn(2, 64, device=device))),
-        ("weight must have the dtype of x", lambda: ltx_kernels.rms_norm(x, w.half())),
-        ("eps must be >= 0", lambda: ltx_kernels.rms_norm(x, w, -1.0)),
-        ("residual must have the shape of x", lambda: ltx_kernels.fused_add_rms_norm(x, x[:3], w)),
-        ("residual must have the dtype of x", lambda: ltx_kernels.fused_add_rms_norm(x, x.bfloat16(), w)),
-        ("bias must have shape", lambda: ltx_kernels.layer_norm(x, w, torch.randn(65, device=device))),
-        ("bias must have the dtype of x", lambda: ltx_kernels.layer_norm(x, w, w.bfloat16())),
+        ("rms_norm", "x must be float32", lambda: ltx_kernels.rms_norm(x.double(), None)),
+        ("rms_norm", "x must be float32", lambda: ltx_kernels.rms_norm(x.int(), None)),
+        ("rms_norm", "x must have at least 1 dim", lambda: ltx_kernels.rms_norm(torch.tensor(1.0, device=device), None)),
+        ("rms_norm", "x must have a contiguous last dim", lambda: ltx_kernels.rms_norm(x.t(), None)),
+        ("rms_norm", "weight must have shape", lambda: ltx_kernels.rms_norm(x, torch.randn(63, device=device))),
+        ("rms_norm", "weight must have shape", lambda: ltx_kernels.rms_norm(x, torch.randn(2, 64, device=device))),
+        ("rms_norm", "weight must have the dtype of x", lambda: ltx_kernels.rms_norm(x, w.half())),
+        ("rms_norm", "eps must be >= 0", lambda: ltx_kernels.rms_norm(x, w, -1.0)),
+        ("fused_add_rms_norm", "residual must have the shape of x", lambda: ltx_kernels.fused_add_rms_norm(x, x[:3], w)),
+        ("fused_add_rms_norm", "residual must have the dtype of x",
+         lambda: ltx_kernels.fused_add_rms_norm(x, x.bfloat16(), w)),
+        ("layer_norm", "bias must have shape", lambda: ltx_kernels.layer_norm(x, w, torch.randn(65, device=device))),
+        ("layer_norm", "bias must have the dtype of x", lambda: ltx_kernels.layer_norm(x, w, w.bfloat16())),
+        ("gated_residual", "y must have the shape of x", lambda: ltx_kernels.gated_residual(x, x[:, :32])),
+        ("silu_and_mul", "b must have the dtype of a", lambda: ltx_kernels.silu_and_mul(x, x.half())),
+        ("gelu_and_mul", "b must have the shape of a", lambda: ltx_kernels.gelu_and_mul(x, x[:3])),
+        ("quantize_fp8", "x must be float32", lambda: ltx_kernels.quantize_fp8(x.int())),
     ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", range(12))
-def test_bad_input_names_the_argument(device, case):
-    message, call = bad_inputs(device)[case]
-    with pytest.raises((ValueError, TypeError), match=message):
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", range(16))
+def test_bad_input_names_the_op_and_the_argument(device, case):
+    op, message, call = bad_inputs(device)[case]
+    with pytest.raises((ValueError, TypeError), match=f"^{op}: {message}"):
         call()
 
 
