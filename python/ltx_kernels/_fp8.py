@@ -233,10 +233,20 @@ def attention_projections(attn: nn.Module, hidden_states, encoder_hidden_states=
 def attention_takes_quantized(attn: nn.Module, processor: type) -> bool:
     """Whether ``attn``'s inputs may come quantized (:class:`Quantized`, written by a norm): its
     processor is our ``processor``, called directly (:func:`~ltx_kernels._patching.attend`: the
-    module runs unhooked), its q/k/v projections are our FP8 linears, and nothing else reads the
+    module runs unhooked), its q/k/v projections are our FP8 linears, not fused into one
+    ``to_qkv`` (diffusers' fused projections take the dtype input), and nothing else reads the
     input (LTX-2.3's gate logits)."""
     return (isinstance(attn.processor, processor) and runs_unhooked(attn)
-            and getattr(attn, "to_gate_logits", None) is None and take_quantized((attn.to_q, attn.to_k, attn.to_v)))
+            and not getattr(attn, "fused_projections", False) and getattr(attn, "to_gate_logits", None) is None
+            and take_quantized((attn.to_q, attn.to_k, attn.to_v)))
+
+
+def context_takes_quantized(attn: nn.Module) -> bool:
+    """Whether a joint attention's (FLUX, SD3) text-stream input may come quantized: its added
+    q/k/v projections are our FP8 linears, not fused (with :func:`attention_takes_quantized` or
+    our processor called directly for the rest)."""
+    return (not getattr(attn, "fused_projections", False) and getattr(attn, "add_q_proj", None) is not None
+            and take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)))
 
 
 def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: torch.Tensor,

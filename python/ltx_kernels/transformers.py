@@ -267,10 +267,11 @@ def _decodes_grouped_heads(self: nn.Module, attention_interface, query: torch.Te
     grouped heads), copying the whole cache each step (Llama-3-8B dims, 4 layers, one token
     against 8192 on an H100: 0.60 of the step's 2.04 ms of kernels), where
     :func:`_grouped_decode_attention` reads it as it is."""
+    if query.shape[2] != 1 or key.shape[1] >= query.shape[1]:  # (prefill: no import on its path)
+        return False
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return (attention_interface is sdpa_attention_forward and query.shape[2] == 1
-            and key.shape[1] < query.shape[1] and not self._ltx_softcap
+    return (attention_interface is sdpa_attention_forward and not self._ltx_softcap
             and not kwargs.get("output_attentions", False) and kwargs.get("position_bias") is None
             and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)))
 

@@ -164,12 +164,6 @@ def norm_quantizes(norm: nn.Module) -> bool:
     return is_patched(norm) and runs_unhooked(norm)
 
 
-def _takes_quantized(attn: nn.Module) -> bool:
-    """Whether ``attn``'s image-stream input may come quantized (:func:`_fp8.attention_takes_quantized`
-    of our processor; fused ``to_qkv`` projections stay diffusers', which take the dtype input)."""
-    return not attn.fused_projections and _fp8.attention_takes_quantized(attn, FluxKernelsAttnProcessor)
-
-
 def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
     return x.clip(-65504, 65504) if x.dtype == torch.float16 else x  # as the stock blocks
 
@@ -179,14 +173,12 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     attn = self.attn
     ours = not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn)
     # Under FP8 each stream's norm writes its output quantized for its q/k/v projections.
-    if ours and _takes_quantized(attn) and norm_quantizes(self.norm1):
+    if ours and _fp8.attention_takes_quantized(attn, FluxKernelsAttnProcessor) and norm_quantizes(self.norm1):
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
             self.norm1, hidden_states, emb=temb, quantized=True)
     else:
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-    if (ours and not attn.fused_projections and attn.added_kv_proj_dim is not None
-            and _fp8.take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-            and norm_quantizes(self.norm1_context)):
+    if ours and _fp8.context_takes_quantized(attn) and norm_quantizes(self.norm1_context):
         norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
             self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
     else:
@@ -240,7 +232,8 @@ def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = _joined(encoder_hidden_states, hidden_states)
     residual = hidden_states
-    if not joint_attention_kwargs and _takes_quantized(self.attn) and _fp8.take_quantized((self.proj_mlp,)):
+    if (not joint_attention_kwargs and _fp8.attention_takes_quantized(self.attn, FluxKernelsAttnProcessor)
+            and _fp8.take_quantized((self.proj_mlp,))):
         # FP8: q, k, v and proj_mlp read one quantization of the norm's output, which the norm
         # writes where it can.
         if norm_quantizes(self.norm):

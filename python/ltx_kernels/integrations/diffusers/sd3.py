@@ -111,8 +111,7 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
     if self.context_pre_only:
         norm_encoder_hidden_states = self.norm1_context(encoder_hidden_states, temb)
-    elif (ours and _fp8.take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-          and norm_quantizes(self.norm1_context)):
+    elif ours and _fp8.context_takes_quantized(attn) and norm_quantizes(self.norm1_context):
         norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
             self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
     else:

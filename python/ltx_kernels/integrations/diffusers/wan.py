@@ -65,7 +65,7 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
         """What ``__call__`` computes before the output projection, with RoPE tables that
         :func:`_wan_tables` takes: the heads' outputs ``[B, S, inner_dim]``. ``hidden_states``
         may come quantized (:class:`_fp8.Quantized`, norm1's output under FP8) where the q/k/v
-        projections take it (:func:`_fp8.attention_takes_quantized`, no fused projections)."""
+        projections take it (:func:`_fp8.attention_takes_quantized`)."""
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
@@ -132,8 +132,7 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     # projections and the output projection's GEMM writes the gated residual.
     ours = (_wan_tables(rotary_emb) and isinstance(self.attn1.processor, WanKernelsAttnProcessor)
             and runs_unhooked(self.attn1))
-    quantized = (ours and not self.attn1.fused_projections
-                 and _fp8.attention_takes_quantized(self.attn1, WanKernelsAttnProcessor))
+    quantized = ours and _fp8.attention_takes_quantized(self.attn1, WanKernelsAttnProcessor)
     normed = _modulate(self.norm1, hidden_states, scale_msa, shift_msa, quantized)
     if ours:
         hidden_states = _fp8.attention_residual(self.attn1, WanKernelsAttnProcessor, hidden_states,
