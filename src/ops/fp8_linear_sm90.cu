@@ -1,10 +1,16 @@
 // The FP8 linear on Hopper (include/ltx_kernels/fp8_linear.h): a CUTLASS 3 GEMM, sm_90a. TMA
-// loads, warp-specialized (one producer warp, two consumer warpgroups sharing a 128 x 256
-// tile), persistent over the output tiles, clusters of two CTAs along M sharing (multicasting)
-// their B tiles. The row-wise scales and the bias (and the gated residual) are an epilogue
-// visitor tree, applied to the fp32 accumulator before one rounding. (CUTLASS's stream-K
-// scheduler, tried for partial last waves, made the whole-wave shapes up to 11% slower:
-// benchmarks/results/h100/gemm_stream_k.md.)
+// loads, warp-specialized "ping-pong" (one producer warp, two consumer warpgroups that each own
+// a 128 x 128 output tile and take turns at the tensor cores, so that one's epilogue runs while
+// the other's mainloop does), persistent over the output tiles, clusters of two CTAs along N
+// sharing (multicasting) their A tiles. The row-wise scales and the bias (and the gated
+// residual) are an epilogue visitor tree, applied to the fp32 accumulator before one rounding.
+// This is the configuration cuBLASLt picks for FP8 at these shapes (nvjet 128x128, 6 stages,
+// 1x2 cluster). Against the cooperative 128 x 256 tile with a 2 x 1 cluster used before, on the
+// H100 (benchmarks/results/h100/gemm_pingpong.md): faster at 8 of 12 shapes (FLUX's 4608 x 3072
+// -> 12288 266 -> 242 us, its gated form 379 -> 263 us), even at 2, slower at FLUX's image
+// FF down projection (208 -> 227 us) and at 1000 x 3072 -> 3072 (24 -> 26 us, which now
+// takes cuBLASLt: src/torch/quantize.cpp). (CUTLASS's stream-K scheduler, tried for partial
+// last waves, made the whole-wave shapes up to 11% slower: gemm_stream_k.md.)
 //
 // Accumulation: the tensor cores' own FP8 accumulator over all of k ("fast accumulation").
 // Promoting it to fp32 registers every k-block of 128 needs a second 64 x 256 fp32 accumulator
@@ -40,10 +46,10 @@ using host_util::kMaxDevices;
 template <typename ElementOut, bool kGated>
 struct Fp8Gemm {
   using ElementAB = cutlass::float_e4m3_t;
-  using TileShape = Shape<_128, _256, _128>;
-  using ClusterShape = Shape<_2, _1, _1>;  // pairs of CTAs share (multicast) their B tiles
-  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileShape = Shape<_128, _128, _128>;
+  using ClusterShape = Shape<_1, _2, _1>;  // pairs of CTAs share (multicast) their A tiles
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
   using RowBatchStride = cute::conditional_t<kGated, int64_t, _0>;
 
   // out = (acc * a_scale[m]) * b_scale[n] + bias[n]: fp32, rounded once to ElementOut. A null
@@ -84,17 +90,14 @@ struct Fp8Gemm {
 
   // The persistent scheduler's swizzle: 8 rows of output tiles walked together instead of 1.
   // CUTLASS walks the tiles along N (where tiles_m >= tiles_n), so where N spans many tiles a
-  // wave of one tile per SM covers a row or two of tiles and streams all of B through L2 each
-  // wave (LTX-2's FF up projection: 64 tiles of 256 columns, its 64 MB weight > L2); grouping 8
-  // rows of tiles keeps a wave's B columns few. Measured on the H100 (benchmarks/results/h100/
-  // gemm_swizzle.md): 12288 x 4096 -> 16384 1479 -> 1289 us; the residual epilogue (which also
-  // reads C) gains at every large grid measured but one (1342 -> 1229 us at 12288 x 16384 ->
-  // 4096); the plain GEMM with N of 16 or 32 tiles gains nothing or loses up to 4%, and a grid
-  // of under 4 waves loses up to 2x (1000 x 3072 -> 3072: 24 -> 48 us): those keep 1.
-  static int swizzle(const Fp8LinearParams& p, int64_t rows, int batches, int sm_count) {
+  // wave of one tile per SM covers one row of tiles and streams all of B through L2 each wave;
+  // grouping 8 rows keeps a wave's B columns few. With this kernel (H100, gemm_pingpong.md) it
+  // pays only at 128 tiles of N and more: 12288 x 4096 -> 16384 1367 -> 1258 us (gated 1468
+  // -> 1371); at 64-112 tiles of N it costs up to 33% (4608 x 3072 -> 12288: 242 -> 321 us),
+  // at fewer up to 2x (4608 x 15360 -> 3072: 322 -> 593 us), the gated form as much.
+  static int swizzle(const Fp8LinearParams& p) {
     const int64_t tiles_n = (p.n + size<1>(TileShape{}) - 1) / size<1>(TileShape{});
-    const int64_t tiles = (rows + size<0>(TileShape{}) - 1) / size<0>(TileShape{}) * tiles_n * batches;
-    return tiles >= 4 * sm_count && (kGated || tiles_n >= 64) ? 8 : 1;
+    return tiles_n >= 128 ? 8 : 1;
   }
 
   static typename Gemm::Arguments arguments(const Fp8LinearParams& p, int sm_count) {
@@ -137,7 +140,7 @@ struct Fp8Gemm {
       args.epilogue.thread = {scaled, {static_cast<const ElementOut*>(p.bias)}, {}};
     }
     args.hw_info.sm_count = sm_count;
-    args.scheduler.max_swizzle_size = swizzle(p, rows, batches, sm_count);
+    args.scheduler.max_swizzle_size = swizzle(p);
     return args;
   }
 

@@ -2,9 +2,10 @@
 
 At the LTX-Video 2B linear shapes (tokens x in -> out, CFG batch 2 at 49 and 161 frames) and
 held-out ones, side by side in one run: the bf16 GEMM (``torch.nn.functional.linear``, cuBLAS),
-``torch._scaled_mm`` with row-wise e4m3 scales on pre-quantized operands (cuBLASLt, what
-torchao's FP8 runs), ours ``fp8_linear`` on pre-quantized operands, ours from a bf16 input
-(``quantize_fp8`` + GEMM, what a patched linear runs), and ``quantize_fp8`` alone with its share
+``torch._scaled_mm`` with row-wise e4m3 scales and fast accumulation on pre-quantized operands
+(cuBLASLt as torchao's per-row FP8 runs it: its default ``Float8MMConfig(use_fast_accum=True)``),
+ours ``fp8_linear`` on pre-quantized operands, ours from a bf16 input (``quantize_fp8`` + GEMM,
+what a patched linear runs), and ``quantize_fp8`` alone with its share
 of copy bandwidth. TFLOPS count 2*M*N*K over the time of that column (the quantization
 included where it runs); error is the relative L2 distance to the fp32 product. The gated
 residual columns time ``residual + gate * linear(x)`` on pre-quantized operands (one sample,
@@ -34,9 +35,16 @@ SHAPES = [
     ("ltx2 ff-down", 12288, 16384, 4096),
     ("ltx2 qkvo", 12288, 4096, 4096),
     ("ltx2 video->audio", 12288, 4096, 2048),
-    # FLUX.1-dev 1024^2: the single block's output projection (3.3 waves of tiles), the text
-    # stream's FF down projection (under one wave)
+    # FLUX.1-dev 1024^2, 4096 image + 512 text tokens: the image stream's q/k/v/out and FF, the
+    # single block's input projections and output projection (3.3 waves of tiles; ours splits it
+    # at the attention / MLP boundary), the text stream's FF down projection (under one wave)
+    ("flux img qkvo", 4096, 3072, 3072),
+    ("flux img ff-up", 4096, 3072, 12288),
+    ("flux img ff-down", 4096, 12288, 3072),
+    ("flux single mlp-in", 4608, 3072, 12288),
     ("flux single out", 4608, 15360, 3072),
+    ("flux single out, MLP part", 4608, 12288, 3072),
+    ("flux single out, attention part", 4608, 3072, 3072),
     ("flux text ff-down", 512, 12288, 3072),
     ("held-out 1000x3072x3072", 1000, 3072, 3072),
     ("held-out 4096x4096x14336", 4096, 4096, 14336),
@@ -58,12 +66,12 @@ def run_shape(label: str, m: int, k: int, n: int, copy_gbs: float) -> dict:
     runs = {
         "bf16": lambda: torch.nn.functional.linear(x, w, bias),
         "scaled_mm": lambda: torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
-                                              out_dtype=torch.bfloat16),
+                                              out_dtype=torch.bfloat16, use_fast_accum=True),
         "ours": lambda: ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx),
         "ours+quantize": lambda: ltx_kernels.fp8_linear(x, qw, sw, bias),
         "scaled_mm+residual": lambda: ltx_kernels.gated_residual(
             residual, torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
-                                       out_dtype=torch.bfloat16)[None], gate),
+                                       out_dtype=torch.bfloat16, use_fast_accum=True)[None], gate),
         "ours_residual": lambda: ltx_kernels.fp8_linear_gated_residual(qx[None], sx[None], qw, sw, bias, residual, gate),
     }
     gated_reference = residual.float() + gate.float() * reference[None]
@@ -83,7 +91,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     head = (f"{meta['gpu']}, torch {meta['torch']}; copy {meta['copy_gbs']:.0f} GB/s. TFLOPS = 2MNK / median GPU "
             "time (L2 flushed); error vs the fp32 product. scaled_mm and ours take pre-quantized operands; "
             "ours+quantize includes quantize_fp8 of the bf16 input.\n\n")
-    lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8 | ours fp8 | ours + quantize | scaled_mm + gated_residual | "
+    lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8, fast accum | ours fp8 | ours + quantize | scaled_mm + gated_residual | "
              "ours, residual in the epilogue | quantize_fp8 us (% copy) | err bf16 / fp8 |",
              "|---|---|---|---|---|---|---|---|---|"]
     columns = ("bf16", "scaled_mm", "ours", "ours+quantize", "scaled_mm+residual", "ours_residual")
