@@ -12,9 +12,7 @@ module instances of an already-built model:
   place, with the cos/sin the model's own rotary module computed (so rope scaling such as
   Llama-3's is whatever the model does), GQA included; Qwen3's q/k norms stay, patched as
   norms. The attention itself stays on transformers' attention interface (sdpa, flash, ...)
-  and the KV cache on ``past_key_values.update``; one exception, a one-token decode step on
-  SDPA with grouped key/value heads and a mask: one SDPA call with each group's query heads
-  as rows, where stock copies the cache once per query head (``repeat_kv``).
+  and the KV cache on ``past_key_values.update``.
 
 Every op is fp32 math with one rounding where stock rounds after each step, so patched
 outputs are no further from fp32 than stock's. For other architectures only modules whose
@@ -237,55 +235,22 @@ def _attention_forward(
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         self.config._attn_implementation, self._ltx_eager_attention
     )
-    dropout = 0.0 if not self.training else self.attention_dropout
-    if _decodes_grouped_heads(self, attention_interface, query, key, attention_mask, kwargs):
-        attn_output, attn_weights = _grouped_decode_attention(self, query, key, value, attention_mask, dropout), None
-    else:
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=self.scaling,
-            sliding_window=window,
-            # Gemma 2 caps the attention logits (softcap * tanh(logits / softcap)); only its
-            # attention passes the argument, as its stock forward does
-            **({"softcap": self.attn_logit_softcapping} if self._ltx_softcap else {}),
-            **kwargs,
-        )
+    attn_output, attn_weights = attention_interface(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        sliding_window=window,
+        # Gemma 2 caps the attention logits (softcap * tanh(logits / softcap)); only its
+        # attention passes the argument, as its stock forward does
+        **({"softcap": self.attn_logit_softcapping} if self._ltx_softcap else {}),
+        **kwargs,
+    )
     attn_output = attn_output.reshape(*input_shape, -1).contiguous()
     return _fp8.linears(attn_output, (self.o_proj,))[0], attn_weights
-
-
-def _decodes_grouped_heads(self: nn.Module, attention_interface, query: torch.Tensor, key: torch.Tensor,
-                           attention_mask, kwargs: dict) -> bool:
-    """Whether this call is transformers' SDPA attention of one query token per sequence
-    against fewer key/value heads than query heads, with a mask (if any) shared by all heads:
-    there stock SDPA repeats the keys and values per query head (a mask rules out SDPA's own
-    grouped heads), copying the whole cache each step (Llama-3-8B dims, 4 layers, one token
-    against 8192 on an H100: 0.60 of the step's 2.04 ms of kernels), where
-    :func:`_grouped_decode_attention` reads it as it is."""
-    if query.shape[2] != 1 or key.shape[1] >= query.shape[1]:  # (prefill: no import on its path)
-        return False
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    return (attention_interface is sdpa_attention_forward and not self._ltx_softcap
-            and not kwargs.get("output_attentions", False) and kwargs.get("position_bias") is None
-            and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)))
-
-
-def _grouped_decode_attention(self: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                              attention_mask, dropout: float) -> torch.Tensor:
-    """SDPA of one query token per sequence with each key/value head's group of query heads as
-    that head's query rows (``[B, Hkv, group, D]``): the same softmax per query head, the cache
-    read once, no repeated copy. Returns stock's ``[B, 1, Hq, D]``."""
-    batch, heads, _, dim = query.shape
-    grouped = query.reshape(batch, key.shape[1], heads // key.shape[1], dim)
-    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=self.scaling)
-    return out.reshape(batch, 1, heads, dim)
 
 
 def _sliding_window_of_config(attention: nn.Module) -> int | None:
