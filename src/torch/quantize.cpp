@@ -238,8 +238,8 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::T
 // Our kernel fills the GPU with 128 x 128 output tiles; below two waves of them cuBLASLt (the
 // same tile, in clusters of 2 x 4 CTAs there, per the profiler) is as fast or faster for the
 // plain GEMM (H100: 1000 x 3072 -> 3072, 1.5 waves, 26 vs 24 us; 333 x 5120 -> 1536 21 vs 20
-// us; from 5376 x 2048 -> 2048, 5 waves, on, ours is as fast or faster at most shapes:
-// benchmarks/results/h100/gemm_pingpong.md).
+// us). From 5376 x 2048 -> 2048 (5 waves) on, the two trade places by shape, ours at 0.89 to
+// 1.06x cuBLASLt with fast accumulation (benchmarks/results/h100/gemm.md, gemm_pingpong.md).
 // The gated residual always runs ours: cuBLASLt's fp32 output and the residual after it cost
 // more (333 x 5120 -> 1536: 55 vs 34 us; FLUX's text stream, 512 x 3072 -> 3072: 71 vs 27 us;
 // benchmarks/results/h100/gemm_stream_k.md).
