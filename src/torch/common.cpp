@@ -95,16 +95,16 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, cons
   check_last_dim_contiguous(t, name);
 }
 
-std::optional<at::Tensor> channel_vector(const char* op, const std::optional<at::Tensor>& t, const char* name,
+std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
                                          const at::Tensor& x, const char* x_name, bool or_float32) {
   if (!t) return std::nullopt;
   const char* alternative = or_float32 ? " or float32" : "";
-  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || (or_float32 && t->scalar_type() == at::kFloat), op,
-                   ": ", name, " must have the dtype of ", x_name, " (", x.scalar_type(), ")", alternative,
-                   ", got ", t->scalar_type());
-  TORCH_CHECK_VALUE(t->device() == x.device(), op, ": ", name, " must be on the device of ", x_name, " (",
+  TORCH_CHECK_TYPE(t->scalar_type() == x.scalar_type() || (or_float32 && t->scalar_type() == at::kFloat), name,
+                   " must have the dtype of ", x_name, " (", x.scalar_type(), ")", alternative, ", got ",
+                   t->scalar_type());
+  TORCH_CHECK_VALUE(t->device() == x.device(), name, " must be on the device of ", x_name, " (",
                     device_str(x.device()), "), got ", device_str(t->device()));
-  TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), op, ": ", name, " must have shape ",
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), name, " must have shape ",
                     dim_str(x.sym_size(-1)), " (the last dim of ", x_name, "), got ",
                     dims_str(t->sym_sizes()));
   return t->contiguous();

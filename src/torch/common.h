@@ -35,9 +35,10 @@ void check_like(const at::Tensor& t, const char* name, const at::Tensor& x, cons
 void check_written(const char* op, const at::Tensor& out, const char* name, const at::Tensor& read,
                    const char* read_name);
 
-// Optional per-channel vector ([cols], like weight or bias) of `op` matching x's dtype (or
-// float32, where `or_float32` allows it), device and last dim; returned contiguous.
-std::optional<at::Tensor> channel_vector(const char* op, const std::optional<at::Tensor>& t, const char* name,
+// Optional per-channel vector ([cols], like weight or bias) matching x's dtype (or float32,
+// where `or_float32` allows it), device and last dim; returned contiguous. (Its errors name
+// the argument; the registration's wrapper puts the op's name in front: registration.h.)
+std::optional<at::Tensor> channel_vector(const std::optional<at::Tensor>& t, const char* name,
                                          const at::Tensor& x, const char* x_name, bool or_float32 = false);
 
 // Pointer of an optional tensor, nullptr when absent.

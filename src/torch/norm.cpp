@@ -24,8 +24,8 @@ std::pair<OptTensor, OptTensor> check_norm_args(const char* op, const at::Tensor
   // std::to_string, not the stream operator: see the note on formatting in common.cpp.
   TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
   const bool or_float32 = params == Params::kLikeXOrFloat32;
-  OptTensor w = channel_vector(op, weight, "weight", x, "x", or_float32);
-  OptTensor b = channel_vector(op, bias, "bias", x, "x", or_float32);
+  OptTensor w = channel_vector(weight, "weight", x, "x", or_float32);
+  OptTensor b = channel_vector(bias, "bias", x, "x", or_float32);
   if (is_float32(w) || is_float32(b) || out_dtype == at::kFloat) {
     if (w) w = w->to(at::kFloat);
     if (b) b = b->to(at::kFloat);

@@ -280,7 +280,7 @@ std::pair<OptTensor, OptTensor> check_qk_norm_rope(const at::Tensor& q, const at
   check_like(k, "k", q, "q");
   constexpr const char* op = "ltx_qk_norm_rope";
   TORCH_CHECK_VALUE(eps >= 0.0, op, ": eps must be >= 0, got ", std::to_string(eps));
-  return {channel_vector(op, weight_q, "weight_q", q, "q"), channel_vector(op, weight_k, "weight_k", k, "k")};
+  return {channel_vector(weight_q, "weight_q", q, "q"), channel_vector(weight_k, "weight_k", k, "k")};
 }
 
 std::tuple<at::Tensor, at::Tensor> ltx_qk_norm_rope(const at::Tensor& q, const at::Tensor& k,
