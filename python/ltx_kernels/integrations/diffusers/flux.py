@@ -164,6 +164,15 @@ def norm_quantizes(norm: nn.Module) -> bool:
     return is_patched(norm) and runs_unhooked(norm)
 
 
+def adaln_zero(norm: nn.Module, x: torch.Tensor, temb: torch.Tensor, quantized: bool):
+    """``norm(x, emb=temb)`` for an AdaLayerNormZero; ``quantized``: its normed output written
+    for FP8 linears (:class:`_fp8.Quantized`) where the norm's forward may do it
+    (:func:`norm_quantizes`). Shared by the joint-attention blocks (FLUX, SD3)."""
+    if quantized and norm_quantizes(norm):
+        return adaln_zero_forward(norm, x, emb=temb, quantized=True)
+    return norm(x, emb=temb)
+
+
 def _clip_fp16(x: torch.Tensor) -> torch.Tensor:
     return x.clip(-65504, 65504) if x.dtype == torch.float16 else x  # as the stock blocks
 
@@ -173,17 +182,10 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
     attn = self.attn
     ours = not joint_attention_kwargs and isinstance(attn.processor, FluxKernelsAttnProcessor) and runs_unhooked(attn)
     # Under FP8 each stream's norm writes its output quantized for its q/k/v projections.
-    if ours and _fp8.attention_takes_quantized(attn, FluxKernelsAttnProcessor) and norm_quantizes(self.norm1):
-        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
-            self.norm1, hidden_states, emb=temb, quantized=True)
-    else:
-        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-    if ours and _fp8.context_takes_quantized(attn) and norm_quantizes(self.norm1_context):
-        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
-            self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
-    else:
-        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-            encoder_hidden_states, emb=temb)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero(
+        self.norm1, hidden_states, temb, ours and _fp8.attention_takes_quantized(attn, FluxKernelsAttnProcessor))
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero(
+        self.norm1_context, encoder_hidden_states, temb, ours and _fp8.context_takes_quantized(attn))
     if ours:
         # Our processor called for the heads, so that under FP8 each output projection's GEMM
         # writes its stream's gated residual (_fp8.projected_residual).

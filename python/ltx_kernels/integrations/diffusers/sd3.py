@@ -30,8 +30,7 @@ from ltx_kernels import _fp8, ops
 from ltx_kernels._patching import ProcessorOverStock, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
-from .flux import (adaln_zero_forward, feed_forward_update, norm_quantizes, patch_blocks, patch_processors,
-                   plain_layer_norm)
+from .flux import adaln_zero, feed_forward_update, patch_blocks, patch_processors, plain_layer_norm
 
 BLOCK_KIND = "JointTransformerBlock (gated_residual, adaln_layer_norm)"
 ATTN_KIND = "SD3 joint attention ([B, S, H, D] layout, diffusers' dispatcher)"
@@ -102,22 +101,15 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
         norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm_hidden_states2, gate_msa2 = self.norm1(
             hidden_states, emb=temb
         )
-    elif (ours and _fp8.attention_takes_quantized(attn, SD3KernelsJointAttnProcessor)
-          and norm_quantizes(self.norm1)):
-        # Under FP8 the norm writes its output quantized for the image q/k/v projections.
-        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero_forward(
-            self.norm1, hidden_states, emb=temb, quantized=True)
-    else:
-        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    else:  # under FP8 each stream's norm writes its output quantized for its q/k/v projections
+        quantized = ours and _fp8.attention_takes_quantized(attn, SD3KernelsJointAttnProcessor)
+        norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = adaln_zero(self.norm1, hidden_states, temb,
+                                                                                  quantized)
     if self.context_pre_only:
         norm_encoder_hidden_states = self.norm1_context(encoder_hidden_states, temb)
-    elif ours and _fp8.context_takes_quantized(attn) and norm_quantizes(self.norm1_context):
-        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero_forward(
-            self.norm1_context, encoder_hidden_states, emb=temb, quantized=True)
     else:
-        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-            encoder_hidden_states, emb=temb
-        )
+        norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = adaln_zero(
+            self.norm1_context, encoder_hidden_states, temb, ours and _fp8.context_takes_quantized(attn))
     if ours:
         # Our processor called for the heads: under FP8 each output projection's GEMM writes its
         # stream's gated residual (_fp8.projected_residual).
