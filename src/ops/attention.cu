@@ -1,7 +1,9 @@
 // CUDA kernels of attention (include/ltx_kernels/attention.h): the 8-bit method's quantization
 // pass, the portable tensor-core kernel (sm_80 and later: mma.sync, FlashAttention-2's online
 // softmax), and the dispatch to the short-key kernel (attention_short.cu: at most
-// kShortMaxKeys keys, exact precision) and to the Hopper kernel (attention_sm90.cu) on sm_90.
+// kShortMaxKeys keys, exact precision), to the decode kernel (attention_decode.cu: a few query
+// rows per kv head, many keys, exact precision) and to the Hopper kernel (attention_sm90.cu)
+// on sm_90.
 //
 // One CTA computes kBlockM query rows of one (batch, head), 16 rows per warp, walking the
 // keys in steps of kBlockN = kQuantBlock: the 8-bit method then has one q scale per warp and
@@ -29,6 +31,7 @@
 #include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
 #include "ltx_kernels/quantize.h"  // kMinAmax
+#include "ops/attention_decode.h"
 #include "ops/attention_mma.cuh"
 #include "ops/attention_short.h"
 #include "ops/attention_sm90.h"
@@ -377,6 +380,7 @@ cudaError_t launch(const AttentionParams& p, void* workspace, cudaStream_t strea
   if (p.batch == 0 || p.seq_q == 0) return cudaSuccess;
   if (workspace_bytes(p) > 0 && workspace == nullptr) return cudaErrorInvalidValue;
   if (const cudaError_t error = check_code_arch(); error != cudaSuccess) return error;
+  if (uses_decode_kernel(p)) return launch_decode(p, workspace, stream);
   if (uses_short_kernel(p)) {
 #ifdef LTX_KERNELS_SM90A
     if (p.arch / 10 == 9) return launch_short_hopper(p, stream);

@@ -27,11 +27,25 @@ inline bool uses_short_kernel(const AttentionParams& p) {
   return p.precision == AttentionPrecision::kExact && p.seq_k > 0 && p.seq_k <= kShortMaxKeys;
 }
 
+// The decode kernel (attention_decode.cu): exact attention of at most kDecodeMaxRows query rows
+// per kv head (a decode step: one token per sequence, its query heads grouped on their kv head)
+// against at least kDecodeMinKeys keys, split into chunks of kDecodeChunk keys that CTAs take
+// in parallel, then combined. The kernels that parallelize over query rows run one CTA per
+// (batch, head) there and read the cache once per query head.
+constexpr int64_t kDecodeMaxRows = 16;
+constexpr int64_t kDecodeMinKeys = 512;
+constexpr int64_t kDecodeChunk = 256;
+
+inline bool uses_decode_kernel(const AttentionParams& p) {
+  return p.precision == AttentionPrecision::kExact && p.seq_k >= kDecodeMinKeys &&
+         p.seq_q * (p.heads_q / p.heads_kv) <= kDecodeMaxRows;
+}
+
 // Whether p runs on the Hopper kernel: an sm_90 GPU and a build for sm_90a, and not the
-// short-key kernel.
+// short-key or the decode kernel.
 inline bool uses_hopper_kernel(const AttentionParams& p) {
 #ifdef LTX_KERNELS_SM90A
-  return p.arch / 10 == 9 && !uses_short_kernel(p);
+  return p.arch / 10 == 9 && !uses_short_kernel(p) && !uses_decode_kernel(p);
 #else
   return false;
 #endif
@@ -48,6 +62,12 @@ struct AttentionWorkspace {
   double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
   int64_t v_keys = 0;         // keys of vt per (batch, head), a multiple of kHopperBlockN
   void* vt = nullptr;         // [B, Hkv, D, v_keys] in q's dtype
+  // The decode kernel's partial results per chunk of keys, in log2 units: each row's max, sum
+  // of exponentials (NaN for a row that met a NaN score) and unnormalized output.
+  int64_t decode_chunks = 0;
+  float* part_max = nullptr;  // [B, Hkv, decode_chunks, kDecodeMaxRows]
+  float* part_sum = nullptr;  // [B, Hkv, decode_chunks, kDecodeMaxRows]
+  float* part_out = nullptr;  // [B, Hkv, decode_chunks, kDecodeMaxRows, D]
   int64_t bytes = 0;
 };
 
@@ -61,6 +81,14 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
     return ptr;
   };
   const int64_t bq = p.batch * p.heads_q, bk = p.batch * p.heads_kv;
+  if (uses_decode_kernel(p)) {
+    w.decode_chunks = host_util::ceil_div(p.seq_k, kDecodeChunk);
+    const int64_t rows = bk * w.decode_chunks * kDecodeMaxRows;
+    w.part_max = reinterpret_cast<float*>(take(rows * 4));
+    w.part_sum = reinterpret_cast<float*>(take(rows * 4));
+    w.part_out = reinterpret_cast<float*>(take(rows * p.head_dim * 4));
+    return w;
+  }
   if (uses_hopper_kernel(p)) {
     w.v_keys = host_util::ceil_div(p.seq_k, kHopperBlockN) * kHopperBlockN;
     w.vt = take(bk * p.head_dim * w.v_keys * dtype_size(p.dtype));

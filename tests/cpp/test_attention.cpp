@@ -104,5 +104,33 @@ TEST(AttentionPlan, ShortKeyKernelTakesExactAttentionOverAtMost128Keys) {
   EXPECT_GT(workspace_bytes(p), 0);  // its INT8 q and k
 }
 
+TEST(AttentionPlan, DecodeKernelTakesFewRowsPerKvHeadAgainstManyKeys) {
+  AttentionParams p;
+  p.batch = 2;
+  p.heads_q = 32;
+  p.heads_kv = 8;  // groups of 4 query heads
+  p.head_dim = 128;
+  p.dtype = DType::kBFloat16;
+  p.arch = 90;
+  p.seq_q = 1;
+  p.seq_k = 8193;
+  EXPECT_TRUE(uses_decode_kernel(p));
+  EXPECT_FALSE(uses_hopper_kernel(p));
+  const AttentionWorkspace w = attention_workspace(p, nullptr);
+  EXPECT_EQ(w.decode_chunks, 33);  // 8193 keys in chunks of 256
+  EXPECT_EQ(w.v_keys, 0);          // no transposed V
+  EXPECT_GE(w.bytes, 2 * 8 * 33 * kDecodeMaxRows * (128 + 2) * 4);
+  p.seq_q = 4;  // 16 rows per kv head: the most it takes
+  EXPECT_TRUE(uses_decode_kernel(p));
+  p.seq_q = 5;
+  EXPECT_FALSE(uses_decode_kernel(p));
+  p.seq_q = 1;
+  p.seq_k = kDecodeMinKeys - 1;
+  EXPECT_FALSE(uses_decode_kernel(p));
+  p.seq_k = 8193;
+  p.precision = AttentionPrecision::kInt8QK;
+  EXPECT_FALSE(uses_decode_kernel(p));
+}
+
 }  // namespace
 }  // namespace ltx_kernels

@@ -473,6 +473,47 @@ def test_cuda_nan_propagates_as_the_reference_says(precision):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", [(2, 32, 8, 1, 8193), (1, 8, 8, 1, 512), (3, 4, 1, 4, 1000), (1, 16, 1, 1, 700)])
+def test_cuda_decode_kernel(dtype, d, shape):
+    """A decode step (at most 16 query rows per kv head: tokens x grouped query heads) against
+    512 keys or more runs the decode kernel: the keys split in chunks of 256 across CTAs, each
+    taking every query head of its kv head, then combined. Against SDPA in fp64: GQA (groups of
+    1 to 16), a partial last chunk, a StaticCache-style mask (the slots past each sequence's
+    length masked), an additive mask of its own per query head, a row with every key masked, a
+    view of a larger cache."""
+    b, hq, hkv, sq, sk = shape
+    q, k, v = on_cuda(*qkv((b, hq, hkv, sq, sk, d), dtype, seed=21))
+    assert_close(ltx_kernels.attention(q, k, v), sdpa64(q, k, v), dtype)
+    lengths = torch.tensor([sk, sk // 2 + 3, 257][:b], device="cuda")
+    filled = (torch.arange(sk, device="cuda") < lengths[:, None])[:, None, None, :]
+    assert_close(ltx_kernels.attention(q, k, v, attn_mask=filled), sdpa64(q, k, v, filled), dtype)
+    bias = torch.randn(b, hq, sq, sk, generator=torch.Generator().manual_seed(22)).cuda()
+    assert_close(ltx_kernels.attention(q, k, v, attn_mask=bias), sdpa64(q, k, v, bias), dtype,
+                 magnitude=sdpa64(q, k, v.abs(), bias))
+    rows = filled.expand(b, hq, sq, sk).clone()
+    rows[0, hq - 1, sq - 1] = False  # one query row with every key masked
+    out = ltx_kernels.attention(q, k, v, attn_mask=rows)
+    assert_close(out, sdpa64(q, k, v, rows), dtype)
+    assert (out[0, hq - 1, sq - 1] == 0).all() and torch.isfinite(out).all()
+    cache = torch.randn(b, hkv, sk + 40, d, device="cuda").to(dtype)  # a longer cache, read up to sk
+    assert_close(ltx_kernels.attention(q, cache[:, :, :sk], v), sdpa64(q, cache[:, :, :sk], v), dtype)
+
+
+@cuda
+def test_cuda_decode_kernel_nan_propagates_as_the_reference_says():
+    q, k, v = qkv((1, 8, 2, 1, 600, 64), torch.bfloat16, seed=23)
+    q[0, 5, 0, 3] = float("nan")  # one query head's row
+    ref = ltx_kernels.attention(q.float(), k.float(), v.float())
+    out = ltx_kernels.attention(*on_cuda(q, k, v)).cpu()
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan().any() and not out.isnan().all()
+    k[0, 1, 555, 0] = float("nan")  # a key of kv head 1: its four query heads
+    nan_heads = ltx_kernels.attention(*on_cuda(q, k, v)).isnan().all(dim=-1)[0, :, 0].cpu()
+    assert torch.equal(nan_heads, torch.tensor([False, False, False, False, True, True, True, True]))
+
+
+@cuda
 def test_cuda_empty_and_keyless_inputs():
     q = torch.randn(2, 1, 5, 64, device="cuda", dtype=torch.bfloat16)
     none = torch.randn(2, 1, 0, 64, device="cuda", dtype=torch.bfloat16)
