@@ -483,6 +483,45 @@ def test_cuda_generate_matches_stock_bf16_closely():
     assert torch.equal(patched[:, : ids.shape[1] + 1], reference[:, : ids.shape[1] + 1])
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen3", "gemma3_text", "gemma2"])
+def test_cuda_decode_steps_run_our_decode_kernel(model_type, cache_kind, monkeypatch):
+    """On the GPU in bf16, one-token decode steps against 512 cached keys or more (a padded
+    prompt, sliding windows in the mask) run our attention (its decode kernel: the cache read
+    once per kv head, no repeat_kv) where transformers would run SDPA; Gemma 2's logit cap keeps
+    SDPA. The cached steps' logits are as close to the full forward's as stock's are."""
+    ids, mask = prompt(length=600, device="cuda")
+    prefill = ids.shape[1] - 3
+
+    def cached_vs_full(model):
+        full = logits(model, ids, mask)
+        cache = (DynamicCache(config=model.config) if cache_kind == "dynamic"
+                 else StaticCache(config=model.config, max_cache_len=ids.shape[1]))
+        with torch.no_grad():
+            model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill], past_key_values=cache)
+            steps = [model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache).logits
+                     for t in range(prefill, ids.shape[1])]
+        return rel(torch.cat(steps, dim=1).float(), full[:, prefill:], mask[:, prefill:])
+
+    def model():
+        return tiny_model(model_type, head_dim=64, max_position_embeddings=1024).cuda().to(torch.bfloat16)
+
+    stock = cached_vs_full(model())
+    patched = model()
+    lt.apply(patched)
+    calls = []
+    attention = lt.ops.attention
+    monkeypatch.setattr(lt.ops, "attention", lambda q, *a, **kw: calls.append(q.shape) or attention(q, *a, **kw))
+    ours = cached_vs_full(patched)
+    assert ours <= 1.5 * stock + 1e-3, (ours, stock)
+    layers = patched.config.num_hidden_layers
+    if model_type == "gemma2":
+        assert calls == []
+    else:
+        assert calls == [(2, 6, 1, 64)] * (3 * layers), calls
+
+
 def test_falcon_compiles_without_graph_breaks():
     """Both paths trace whole: masked (stock's attention) and mask-free (ours)."""
     model = tiny_falcon(**FALCON_VARIANTS["7b"])
