@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/convert.cuh"
 #include "ltx_kernels/attention.h"
@@ -34,11 +35,16 @@ struct Row {
 };
 __device__ __forceinline__ Row row_of(int r, int group, int hk) { return {r / group, hk * group + r % group}; }
 
-// D / 32 consecutive elements of a row (lane's share), in fp32.
+// D / 32 consecutive elements of a row (the lane's share) in fp32, one 4- or 8-byte load (rows
+// start 16-byte aligned: cuda_support).
 template <typename T, int E>
 __device__ __forceinline__ void load_lane(float (&x)[E], const T* row, int lane) {
+  static_assert(E == 2 || E == 4);
+  using Vec = std::conditional_t<E == 4, uint2, uint32_t>;
+  const Vec raw = *reinterpret_cast<const Vec*>(row + E * lane);
+  const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] = core::to_float(row[E * lane + e]);
+  for (int e = 0; e < E; ++e) x[e] = core::to_float(v[e]);
 }
 
 template <typename T, int D>
