@@ -1,7 +1,7 @@
 // Device scratch of the attention kernels, carved from one buffer. The 8-bit method: q and k
 // in INT8 in blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32
-// scale per block, and K's per-channel sums in fp64 over chunks of kMeanChunk keys (summed in
-// a fixed order by the k quantization, so the mean is deterministic). The Hopper kernel: V
+// scale per block, K's per-channel sums in fp64 over chunks of kMeanChunk keys, and K's mean
+// (the chunks' sums added in a fixed order, so it is deterministic). The Hopper kernel: V
 // transposed to [D, keys] (keys padded to kHopperBlockN with zeros), the K-major B operand its
 // PV wgmma reads.
 #pragma once
@@ -34,7 +34,7 @@ inline bool uses_short_kernel(const AttentionParams& p) {
 // (batch, head) there and read the cache once per query head.
 constexpr int64_t kDecodeMaxRows = 16;
 constexpr int64_t kDecodeMinKeys = 512;
-constexpr int64_t kDecodeChunk = 256;
+constexpr int64_t kDecodeChunk = 64;
 
 inline bool uses_decode_kernel(const AttentionParams& p) {
   return p.precision == AttentionPrecision::kExact && p.seq_k >= kDecodeMinKeys &&
@@ -60,6 +60,7 @@ struct AttentionWorkspace {
   float* q_scale = nullptr;  // [B, Hq, q_blocks]
   float* k_scale = nullptr;  // [B, Hkv, k_blocks]
   double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
+  float* k_mean = nullptr;   // [B, Hkv, D]
   int64_t v_keys = 0;         // keys of vt per (batch, head), a multiple of kHopperBlockN
   void* vt = nullptr;         // [B, Hkv, D, v_keys] in q's dtype
   // The decode kernel's partial results per chunk of keys, in log2 units: each row's max, sum
@@ -102,6 +103,7 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
   w.q_scale = reinterpret_cast<float*>(take(bq * w.q_blocks * 4));
   w.k_scale = reinterpret_cast<float*>(take(bk * w.k_blocks * 4));
   w.k_sums = reinterpret_cast<double*>(take(bk * w.k_chunks * p.head_dim * 8));
+  w.k_mean = reinterpret_cast<float*>(take(bk * p.head_dim * 4));
   return w;
 }
 

@@ -117,9 +117,9 @@ TEST(AttentionPlan, DecodeKernelTakesFewRowsPerKvHeadAgainstManyKeys) {
   EXPECT_TRUE(uses_decode_kernel(p));
   EXPECT_FALSE(uses_hopper_kernel(p));
   const AttentionWorkspace w = attention_workspace(p, nullptr);
-  EXPECT_EQ(w.decode_chunks, 33);  // 8193 keys in chunks of 256
+  EXPECT_EQ(w.decode_chunks, 129);  // 8193 keys in chunks of 64
   EXPECT_EQ(w.v_keys, 0);          // no transposed V
-  EXPECT_GE(w.bytes, 2 * 8 * 33 * kDecodeMaxRows * (128 + 2) * 4);
+  EXPECT_GE(w.bytes, 2 * 8 * 129 * kDecodeMaxRows * (128 + 2) * 4);
   p.seq_q = 4;  // 16 rows per kv head: the most it takes
   EXPECT_TRUE(uses_decode_kernel(p));
   p.seq_q = 5;

@@ -478,7 +478,7 @@ def test_cuda_nan_propagates_as_the_reference_says(precision):
 @pytest.mark.parametrize("shape", [(2, 32, 8, 1, 8193), (1, 8, 8, 1, 512), (3, 4, 1, 4, 1000), (1, 16, 1, 1, 700)])
 def test_cuda_decode_kernel(dtype, d, shape):
     """A decode step (at most 16 query rows per kv head: tokens x grouped query heads) against
-    512 keys or more runs the decode kernel: the keys split in chunks of 256 across CTAs, each
+    512 keys or more runs the decode kernel: the keys split in chunks of 64 across CTAs, each
     taking every query head of its kv head, then combined. Against SDPA in fp64: GQA (groups of
     1 to 16), a partial last chunk, a StaticCache-style mask (the slots past each sequence's
     length masked), an additive mask of its own per query head, a row with every key masked, a
