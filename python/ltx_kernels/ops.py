@@ -377,6 +377,16 @@ def fp8_linear_gated_residual(
 # Attention.
 
 
+# Where ltx_kernels.attention's CUDA kernels switch (src/ops/attention_workspace.h), for the
+# integrations that route calls to it: exact attention against at most ATTENTION_SHORT_KEYS
+# keys runs the short-key kernel (kShortMaxKeys); at most ATTENTION_DECODE_ROWS query rows per
+# kv head (tokens x grouped query heads) against ATTENTION_DECODE_MIN_KEYS keys or more, the
+# decode kernel (kDecodeMaxRows, kDecodeMinKeys).
+ATTENTION_SHORT_KEYS = 128
+ATTENTION_DECODE_ROWS = 16
+ATTENTION_DECODE_MIN_KEYS = 512
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -12,7 +12,10 @@ module instances of an already-built model:
   place, with the cos/sin the model's own rotary module computed (so rope scaling such as
   Llama-3's is whatever the model does), GQA included; Qwen3's q/k norms stay, patched as
   norms. The attention itself stays on transformers' attention interface (sdpa, flash, ...)
-  and the KV cache on ``past_key_values.update``.
+  and the KV cache on ``past_key_values.update``; one exception, a decode step on SDPA (a few
+  query rows per kv head against a long cache, on CUDA, not in training): there
+  ``ltx_kernels.attention``'s decode kernel reads the cache once per kv head, where stock
+  copies it once per query head (``repeat_kv``).
 
 Every op is fp32 math with one rounding where stock rounds after each step, so patched
 outputs are no further from fp32 than stock's. For other architectures only modules whose
@@ -270,7 +273,8 @@ def _decodes_on_our_kernel(self: nn.Module, attention_interface, query: torch.Te
     head); ours reads the cache once per kv head, split across the GPU."""
     _, heads, tokens, dim = query.shape
     if (not query.is_cuda or query.dtype not in (torch.bfloat16, torch.float16) or dim not in (64, 128)
-            or tokens * (heads // key.shape[1]) > 16 or key.shape[2] < 512):
+            or tokens * (heads // key.shape[1]) > ops.ATTENTION_DECODE_ROWS
+            or key.shape[2] < ops.ATTENTION_DECODE_MIN_KEYS):
         return False  # (prefill: no import on its path)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

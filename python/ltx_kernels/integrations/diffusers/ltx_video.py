@@ -30,8 +30,6 @@ from ltx_kernels.integrations.family import Family, PatchOptions
 
 _BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
-# Keys up to which ltx_kernels.attention takes its short-key kernel (kShortMaxKeys).
-SHORT_KEYS = 128
 _CROSS_ATTN_KIND = "LTXAttention cross-attention (rms_norm q/k, mask broadcast over heads)"
 _MODEL_KIND = "LTXVideoTransformer3DModel (in-kernel RoPE angles, adaln_layer_norm output)"
 _MODEL_ARGS = [
@@ -126,7 +124,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         return (not needs_grad and self._attention_backend is None and self._parallel_config is None
                 and _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
                 and query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)
-                and key.size(1) <= SHORT_KEYS and query.size(-1) in (64, 128)
+                and key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(-1) in (64, 128)
                 and torch.cuda.get_device_capability(query.device) >= (8, 0))
 
 
