@@ -78,7 +78,7 @@ void reference(const AttentionParams& p);
 ValidationError cuda_support(const AttentionParams& p);
 
 // Bytes of device scratch the CUDA launch needs for p.arch (the 8-bit method's quantized q and
-// k, their block scales and K's channel sums; the Hopper kernel's transposed V).
+// k, their block scales and K's channel sums; the decode kernel's partial results).
 int64_t workspace_bytes(const AttentionParams& p);
 
 #ifdef LTX_KERNELS_WITH_CUDA

@@ -5,7 +5,7 @@
 // warpgroup 0 is the producer (one thread issues every TMA load; the group gives its
 // registers to the others with setmaxnreg), the consumer warpgroups each own 64 rows (wgmma's
 // M) and walk the keys BLOCK_N at a time (TileShape; two or three consumers, picked per call
-// by launch_shape). Q is loaded once; K and V^T tiles go through a kStages-deep ring of
+// by launch_shape). Q is loaded once; K and V tiles go through a kStages-deep ring of
 // shared-memory stages, each with a "full" mbarrier (the producer's TMA bytes landed) and an
 // "empty" one (every consumer warp is done with it). S = Q K^T reads Q and K from shared
 // memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
@@ -13,10 +13,9 @@
 // k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
 // when a score exceeds it by a factor over 2^8, so that O is rarely rescaled); P, rounded to
 // the input dtype, stays in registers as the A operand of O += P V (m64nDk16; m64n(D+8)k16
-// where shared memory has room for 8 rows of ones under V^T, so that the same GEMM sums P's
-// rows: see Layout), whose B operand is V transposed to [D, keys] by a small pass first (the
-// descriptors read B K-major; for 16-bit V, wgmma could read it MN-major and save that pass:
-// not done yet, and the ones rows would then need a tile of their own). TMA writes each tile
+// where shared memory has room for a column block of ones after V, so that the same GEMM sums
+// P's rows: see Layout), whose B operand is V as the user's tensor holds it, [keys, D], read
+// MN-major by the wgmma (no transposing pass). TMA writes each tile
 // in the 64/128-byte swizzle that the wgmma descriptors read (core/smem_tile.cuh's layout);
 // rows past a tensor's end arrive as zeros; the wgmma descriptors are built once and stepped
 // by constant offsets. Inside a consumer warpgroup, the softmax of one step overlaps the
@@ -73,35 +72,37 @@ struct TileShape {
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
-  static_assert(kBlockN % 64 == 0, "V^T tiles of whole 128-byte column blocks");
-  static_assert(kHopperBlockN % kBlockN == 0, "V^T keys padded to whole steps (attention_workspace.h)");
+  static_assert(kBlockN % kQuantBlock == 0, "whole 64-key blocks (the 8-bit method's k scales) per step");
 };
 
 // The shared memory of one kernel: 1024-byte aligned tiles (the swizzle's phase; TMA's
 // 128-byte swizzle requires it), then the barriers: kConsumers Q tiles, kStages x (K tile,
-// V^T tile), q_full, full[kStages], empty[kStages].
-// The V^T tile (the B operand of O += P V: D rows of kBlockN keys) takes kSumRows more rows of
-// ones where shared memory has room for them (not at head_dim 128 in 16 bits), which the
-// kernel writes once (TMA fills only the first D rows of each column block): the same wgmma
-// then sums each row of P into output columns D .. D + 7, the softmax's row sums on the tensor
-// cores instead of one FADD per score in two dependent chains per thread (11% of the kernel's
-// stall samples at LTX-2B 161f per ncu). They sum P as rounded for the tensor cores, the very
-// weights that O sums.
+// V tile, ones), q_full, full[kStages], empty[kStages].
+// The V tile (the B operand of O += P V: kBlockN rows of keys, D columns in 64-column blocks
+// of 128 bytes, read MN-major) is followed by one more column block of ones where shared
+// memory has room for it (not at head_dim 128 in 16 bits), which the kernel writes once: the
+// wgmma's N then takes 8 more columns (D + kSumCols), so that the same GEMM sums each row of P
+// into output columns D .. D + 7, the softmax's row sums on the tensor cores instead of one
+// FADD per score in two dependent chains per thread (11% of the kernel's stall samples at
+// LTX-2B 161f per ncu). They sum P as rounded for the tensor cores, the very weights that O
+// sums. (The block is whole, although 8 of its 64 columns are read: all ones, the swizzle
+// then does not matter, and the descriptor's one column-block stride reaches it.)
 template <int D, bool INT8, class SHAPE>
 struct Layout {
   static constexpr int kQKRow = D * (INT8 ? 1 : 2);
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using KTile = core::SmemTile<SHAPE::kBlockN, kQKRow>;
-  static constexpr int bytes(int sum_rows) {
+  using VTile = core::SmemTile<SHAPE::kBlockN, D * 2>;
+  static constexpr int kOnesBytes = SHAPE::kBlockN * VTile::kWidth;  // one column block
+  static constexpr int bytes(int ones) {
     return 1024 /* base alignment */ + SHAPE::kConsumers * QTile::kBytes +
-           kStages * (KTile::kBytes + (D + sum_rows) * SHAPE::kBlockN * 2) + 8 * (1 + 2 * kStages);
+           kStages * (KTile::kBytes + VTile::kBytes + ones) + 8 * (1 + 2 * kStages);
   }
   static constexpr int kMaxSmem = 227 * 1024;  // sm_90's dynamic shared memory per block
-  static constexpr int kSumRows = bytes(8) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
-  using VTile = core::SmemTile<D + kSumRows, SHAPE::kBlockN * 2>;
-  static constexpr int kStageBytes = KTile::kBytes + VTile::kBytes;
-  static constexpr int kLoadBytes = KTile::kBytes + D * SHAPE::kBlockN * 2;  // a stage's TMA bytes (no ones)
-  static constexpr int kSmem = bytes(kSumRows);
+  static constexpr int kSumCols = bytes(kOnesBytes) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
+  static constexpr int kStageBytes = KTile::kBytes + VTile::kBytes + (kSumCols > 0 ? kOnesBytes : 0);
+  static constexpr int kLoadBytes = KTile::kBytes + VTile::kBytes;  // a stage's TMA bytes (no ones)
+  static constexpr int kSmem = bytes(kStageBytes - kLoadBytes);
   static_assert(kSmem <= kMaxSmem);
 };
 
@@ -124,19 +125,21 @@ __device__ __forceinline__ float got(uint32_t x) { return __uint_as_float(x); }
 
 using core::fast_exp2;
 
-// The wgmma descriptor of an operand held in TILE (K-major, rows = M or N), as its two 32-bit
-// words: the high one (the 8-row core-matrix groups 8 * W bytes apart, the swizzle) is the
-// same for every tile of the type; the low one holds the start address in 16-byte units
-// (bits 0-13: any shared address fits, so adding an offset never carries out) and LBO, unused
-// by swizzled K-major layouts. Built once per tile, so that the main loop only adds
-// compile-time offsets (recomputing the bit fields cost ~10 instructions per wgmma).
-template <class TILE>
+// The wgmma descriptor of an operand held in TILE, as its two 32-bit words: the high one (the
+// 8-row core-matrix groups 8 * W bytes apart, the swizzle) is the same for every tile of the
+// type; the low one holds the start address in 16-byte units (bits 0-13: any shared address
+// fits, so adding an offset never carries out) and LBO. K-major (rows = M or N, the reduction
+// along a row): LBO is unused by swizzled layouts. MN-major (MN, rows = K: the reduction runs
+// down the rows, M or N along them): LBO is the stride between the tile's 64-element column
+// blocks. Built once per tile, so that the main loop only adds compile-time offsets
+// (recomputing the bit fields cost ~10 instructions per wgmma).
+template <class TILE, bool MN = false>
 struct Desc {
   uint32_t lo, hi;
   __device__ __forceinline__ static Desc of(uint32_t tile) {
     cute::GmmaDescriptor d;
     d.bitfield.start_address_ = static_cast<uint16_t>(tile >> 4);
-    d.bitfield.leading_byte_offset_ = 1;
+    d.bitfield.leading_byte_offset_ = MN ? static_cast<uint16_t>((TILE::kRows * TILE::kWidth) >> 4) : 1;
     d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
     d.bitfield.base_offset_ = 0;
     d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
@@ -144,25 +147,33 @@ struct Desc {
   }
   // The tile `bytes` further on in shared memory (a multiple of 16).
   __device__ __forceinline__ Desc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
-  // The operand starting `k_byte` bytes into the rows: the column block holding that byte,
-  // then the offset inside it.
+  // K-major: the operand starting `k_byte` bytes into the rows: the column block holding that
+  // byte, then the offset inside it.
   __device__ __forceinline__ uint64_t at(int k_byte) const {
+    static_assert(!MN);
     const uint32_t offset = (k_byte / TILE::kWidth) * TILE::kRows * TILE::kWidth + k_byte % TILE::kWidth;
     return static_cast<uint64_t>(hi) << 32 | (lo + (offset >> 4));
+  }
+  // MN-major: the operand starting at row `k_row` (a multiple of 8) of every column block.
+  __device__ __forceinline__ uint64_t row(int k_row) const {
+    static_assert(MN);
+    return static_cast<uint64_t>(hi) << 32 | (lo + ((k_row * TILE::kWidth) >> 4));
   }
 };
 
 // The wgmma atoms, picked by CuTe's selectors for a tile shape: S = Q K^T (m64 nN, Q and K
 // K-major in shared memory; INT8 k32 with int32 sums), and O += P V (m64 nD k16, P from
-// registers, V^T K-major in shared memory).
+// registers, V in shared memory: MN-major [keys, D] as the key-walking kernel loads it, or
+// K-major V^T [D, keys] as the short-key kernel transposes it; 16-bit B may be either).
 template <typename T>
 using CuteType = std::conditional_t<std::is_same_v<T, __half>, cutlass::half_t, cutlass::bfloat16_t>;
 template <typename T, bool INT8, int N>
 using QKMma = std::conditional_t<
     INT8, decltype(gmma::ss_op_selector<int8_t, int8_t, int32_t, cute::Shape<cute::_64, cute::Int<N>, cute::_32>>()),
     decltype(gmma::ss_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
-template <typename T, int N>
-using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>>());
+template <typename T, int N, gmma::Major V_MAJOR>
+using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>,
+                                            gmma::Major::K, V_MAJOR>());
 
 // The atoms take each accumulator register as an argument.
 template <class MMA, typename Acc, size_t... I>
@@ -181,9 +192,9 @@ __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
 }
 
 // The TMA maps of one call: Q, K (bf16/fp16 user tensors [B, H, S, D] with their strides, or
-// the INT8 workspace) and V^T (the workspace), passed by value as __grid_constant__.
+// the INT8 workspace) and V (the user's tensor), passed by value as __grid_constant__.
 struct TmaMaps {
-  CUtensorMap q, k, vt;
+  CUtensorMap q, k, v;
 };
 
 // A tile of TILE (core::SmemTile: column blocks of kWidth bytes, rows kRows) from a map whose
@@ -215,12 +226,12 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   using KTile = typename L::KTile;
   using VTile = typename L::VTile;
   constexpr int kQKSteps = L::kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
-  constexpr int kSumRows = L::kSumRows, kStageBytes = L::kStageBytes;
-  constexpr int kOCols = D + kSumRows;  // O's columns, then the row sums (if on the tensor cores)
+  constexpr int kSumCols = L::kSumCols, kStageBytes = L::kStageBytes;
+  constexpr int kOCols = D + kSumCols;  // O's columns, then the row sums (if on the tensor cores)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   char* s_q = smem;                                  // kConsumers Q tiles
-  char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V^T tile)
+  char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V tile, ones)
   uint64_t* bars = reinterpret_cast<uint64_t*>(s_stage + kStages * kStageBytes);
   uint64_t* q_full = bars;
   uint64_t* full = bars + 1;             // [kStages]
@@ -235,16 +246,14 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int steps = (seq_k + kBlockN - 1) / kBlockN;
   const int bi = static_cast<int>(b);  // TMA coordinates: (column, row, head, batch)
 
-  // The ones rows of every stage's V^T tile (all kSumRows rows ones: the swizzle then does not
-  // matter), seen by the wgmma's async proxy after the barrier below.
-  if constexpr (kSumRows > 0) {
-    constexpr int kBlocks = VTile::kBytes / (VTile::kRows * VTile::kWidth);
-    constexpr int kChunks = kSumRows * VTile::kWidth / 16;  // 16-byte chunks per column block
+  // The ones column block after every stage's V tile, seen by the wgmma's async proxy after
+  // the barrier below.
+  if constexpr (kSumCols > 0) {
+    constexpr int kChunks = L::kOnesBytes / 16;
     const uint32_t one2 = core::pack2<T>(1.0f, 1.0f);
-    for (int i = threadIdx.x; i < kStages * kBlocks * kChunks; i += SHAPE::kThreads) {
-      const int stage = i / (kBlocks * kChunks), blk = i / kChunks % kBlocks, chunk = i % kChunks;
-      *reinterpret_cast<uint4*>(s_stage + stage * kStageBytes + KTile::kBytes + blk * VTile::kRows * VTile::kWidth +
-                                D * VTile::kWidth + 16 * chunk) = make_uint4(one2, one2, one2, one2);
+    for (int i = threadIdx.x; i < kStages * kChunks; i += SHAPE::kThreads) {
+      *reinterpret_cast<uint4*>(s_stage + i / kChunks * kStageBytes + L::kLoadBytes + 16 * (i % kChunks)) =
+          make_uint4(one2, one2, one2, one2);
     }
     cutlass::arch::fence_view_async_shared();
   }
@@ -275,8 +284,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       Barrier::arrive_and_expect_tx(&full[stage], L::kLoadBytes);
       char* s_k = s_stage + stage * kStageBytes;
       tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, hk, bi);
-      // V^T's columns are keys: the tile's column blocks start at this step's first key.
-      tma_tile<VTile, T>(maps.vt, &full[stage], s_k + KTile::kBytes, 0, hk, bi, step * kBlockN);
+      tma_tile<VTile, T>(maps.v, &full[stage], s_k + KTile::kBytes, step * kBlockN, hk, bi);
     }
     return;
   }
@@ -289,7 +297,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int m0 = static_cast<int>(blockIdx.x) * kBlockM + c * kRowsPerConsumer;
   const Desc<QTile> q_desc = Desc<QTile>::of(core::smem_addr(s_q + c * QTile::kBytes));
   const Desc<KTile> k_desc0 = Desc<KTile>::of(core::smem_addr(s_stage));                    // stage 0
-  const Desc<VTile> v_desc0 = Desc<VTile>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
+  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
   float q_factor = p.scale * kLog2e;
   // (a warpgroup of the last CTA may have no rows: its block has no scale)
   if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
@@ -317,10 +325,10 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   };
   // O += P V of one step, issued without waiting; P stays in registers the wgmma reads.
   auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], int stage) {
-    const Desc<VTile> v_desc = v_desc0.plus(stage * kStageBytes);
+    const Desc<VTile, true> v_desc = v_desc0.plus(stage * kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      mma_rs<PVMma<T, kOCols>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<kOCols / 2>{});
+      mma_rs<PVMma<T, kOCols, gmma::Major::MN>>(pa[kk], v_desc.row(16 * kk), o, std::make_index_sequence<kOCols / 2>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -408,7 +416,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
       base[r] = row_max[r] == -INFINITY ? 0.0f : row_max[r];
       alpha[r] = moves ? fast_exp2(old - base[r]) : 1.0f;
-      if constexpr (kSumRows == 0) row_sum[r] *= alpha[r];
+      if constexpr (kSumCols == 0) row_sum[r] *= alpha[r];
     }
     if (fused) {
 #pragma unroll
@@ -436,7 +444,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) put(s[i], fast_exp2(got(s[i]) - base[(i % 4) / 2]));
     }
-    if constexpr (kSumRows == 0) {
+    if constexpr (kSumCols == 0) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += got(s[i]);
     }
@@ -522,7 +530,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float total;
-    if constexpr (kSumRows > 0) {
+    if constexpr (kSumCols > 0) {
       total = o[D / 2 + 2 * r];  // column D of row g + 8 r: its sum
     } else {
       total = row_sum[r];
@@ -546,7 +554,8 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 // one warpgroup per CTA, 64 query rows per item, S = Q K^T as one m64n128 wgmma per 16 of
 // head_dim and O = P V as one m64nD wgmma per 16 keys, where the mma.sync kernel issues 128
 // HMMA per warp and 16 rows. K is loaded as it is (K-major, the QK^T operand), V transposed
-// into V^T while it is loaded (once per head: the PV operand is read K-major, as in the
+// into V^T while it is loaded (once per head: the PV operand is read K-major; the kernel above
+// reads V MN-major, straight from TMA, instead),
 // kernel above), the query tile double-buffered (cp.async).
 constexpr int kShortThreads = 128;
 
@@ -673,7 +682,7 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
     cute::warpgroup_arrive();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      mma_rs<PVMma<T, D>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<D / 2>{});
+      mma_rs<PVMma<T, D, gmma::Major::K>>(pa[kk], v_desc.at(32 * kk), o, std::make_index_sequence<D / 2>{});
     }
     cute::warpgroup_commit_batch();
     cute::warpgroup_wait<0>();
@@ -713,35 +722,6 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
   }
   core::cp_async_wait<0>();
 #endif
-}
-
-// V [keys, D] of one (batch, kv head) -> w.vt [D, v_keys], 64 keys per CTA through shared
-// memory; keys past the end are written as zeros (their P is 0, and 0 * garbage could be NaN).
-constexpr int kTransposeKeys = 64;
-constexpr int kTransposeThreads = 256;
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kTransposeThreads) attention_transpose_v_kernel(const AttentionParams p,
-                                                                        const AttentionWorkspace w) {
-  constexpr int kPitch = D + 8;  // elements; keeps rows 16-byte aligned, spreads the banks
-  __shared__ __align__(16) T tile[kTransposeKeys][kPitch];
-  const int64_t b = blockIdx.z, hk = blockIdx.y, key0 = static_cast<int64_t>(blockIdx.x) * kTransposeKeys;
-  const T* v = static_cast<const T*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head;
-  for (int i = threadIdx.x; i < kTransposeKeys * D / 8; i += kTransposeThreads) {
-    const int r = i / (D / 8), c = i % (D / 8);
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (key0 + r < p.seq_k) chunk = *reinterpret_cast<const uint4*>(v + (key0 + r) * p.v_strides.seq + 8 * c);
-    *reinterpret_cast<uint4*>(&tile[r][8 * c]) = chunk;
-  }
-  __syncthreads();
-  T* vt = static_cast<T*>(w.vt) + (b * p.heads_kv + hk) * D * w.v_keys + key0;
-  for (int i = threadIdx.x; i < D * kTransposeKeys / 8; i += kTransposeThreads) {
-    const int d = i / (kTransposeKeys / 8), c = i % (kTransposeKeys / 8);
-    alignas(16) T chunk[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) chunk[e] = tile[8 * c + e][d];
-    *reinterpret_cast<uint4*>(vt + d * w.v_keys + 8 * c) = *reinterpret_cast<const uint4*>(chunk);
-  }
 }
 
 // The TMA map of a [batch, heads, rows, cols] tensor (strides in elements, cols contiguous),
@@ -789,9 +769,8 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
       error = tma_map(&maps.k, p.k, 2, D, p.seq_k, p.heads_kv, p.batch, p.k_strides, kBlockN, KTile::kWidth);
     }
   }
-  if (error == cudaSuccess && p.seq_k > 0) {  // no keys: no K or V^T load, their maps unused
-    const Strides4 vt{p.heads_kv * D * w.v_keys, D * w.v_keys, w.v_keys};
-    error = tma_map(&maps.vt, w.vt, 2, w.v_keys, D, p.heads_kv, p.batch, vt, D, VTile::kWidth);
+  if (error == cudaSuccess && p.seq_k > 0) {  // no keys: no K or V load, their maps unused
+    error = tma_map(&maps.v, p.v, 2, D, p.seq_k, p.heads_kv, p.batch, p.v_strides, kBlockN, VTile::kWidth);
   }
   if (error != cudaSuccess) return error;
   const auto kernel = attention_sm90_kernel<T, D, INT8, SHAPE>;
@@ -834,11 +813,6 @@ cudaError_t launch_shape(const AttentionParams& p, const AttentionWorkspace& w, 
 
 template <typename T, int D>
 cudaError_t launch_typed(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  if (p.seq_k > 0) {
-    const dim3 grid(static_cast<unsigned>(w.v_keys / kTransposeKeys), static_cast<unsigned>(p.heads_kv),
-                    static_cast<unsigned>(p.batch));
-    attention_transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(p, w);
-  }
   return p.precision == AttentionPrecision::kInt8QK ? launch_shape<T, D, true>(p, w, stream)
                                                     : launch_shape<T, D, false>(p, w, stream);
 }
@@ -876,7 +850,7 @@ cudaError_t launch_short_hopper(const AttentionParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  if (!uses_hopper_kernel(p) || (p.seq_k > 0 && w.vt == nullptr)) return cudaErrorInvalidValue;
+  if (!uses_hopper_kernel(p)) return cudaErrorInvalidValue;
   return p.dtype == DType::kBFloat16 ? launch_dim<__nv_bfloat16>(p, w, stream) : launch_dim<__half>(p, w, stream);
 }
 

@@ -9,8 +9,8 @@
 
 namespace ltx_kernels {
 
-// Transposes V into w.vt, then runs the kernel; for the 8-bit method q and k must already be
-// quantized into w. Requires uses_hopper_kernel(p).
+// Runs the kernel; for the 8-bit method q and k must already be quantized into w. Requires
+// uses_hopper_kernel(p).
 cudaError_t launch_hopper(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream);
 
 // The short-key kernel's Hopper form (uses_short_kernel(p), an sm_90 GPU); no workspace.

@@ -1,9 +1,8 @@
 // Device scratch of the attention kernels, carved from one buffer. The 8-bit method: q and k
 // in INT8 in blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32
 // scale per block, K's per-channel sums in fp64 over chunks of kMeanChunk keys, and K's mean
-// (the chunks' sums added in a fixed order, so it is deterministic). The Hopper kernel: V
-// transposed to [D, keys] (keys padded to kHopperBlockN with zeros), the K-major B operand its
-// PV wgmma reads.
+// (the chunks' sums added in a fixed order, so it is deterministic). The decode kernel's
+// partial results. (The Hopper kernel reads q, k and v as they are.)
 #pragma once
 
 #include <cstdint>
@@ -14,7 +13,6 @@
 namespace ltx_kernels {
 
 constexpr int64_t kMeanChunk = 512;
-constexpr int64_t kHopperBlockN = 128;  // keys per step of the Hopper kernel
 
 constexpr int64_t kShortMaxKeys = 128;  // keys the short-key kernel holds (attention_short.cu)
 
@@ -61,8 +59,6 @@ struct AttentionWorkspace {
   float* k_scale = nullptr;  // [B, Hkv, k_blocks]
   double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
   float* k_mean = nullptr;   // [B, Hkv, D]
-  int64_t v_keys = 0;         // keys of vt per (batch, head), a multiple of kHopperBlockN
-  void* vt = nullptr;         // [B, Hkv, D, v_keys] in q's dtype
   // The decode kernel's partial results per chunk of keys, in log2 units: each row's max, sum
   // of exponentials (NaN for a row that met a NaN score) and unnormalized output.
   int64_t decode_chunks = 0;
@@ -89,10 +85,6 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
     w.part_sum = reinterpret_cast<float*>(take(rows * 4));
     w.part_out = reinterpret_cast<float*>(take(rows * p.head_dim * 4));
     return w;
-  }
-  if (uses_hopper_kernel(p)) {
-    w.v_keys = host_util::ceil_div(p.seq_k, kHopperBlockN) * kHopperBlockN;
-    w.vt = take(bk * p.head_dim * w.v_keys * dtype_size(p.dtype));
   }
   if (p.precision != AttentionPrecision::kInt8QK) return w;
   w.q_blocks = host_util::ceil_div(p.seq_q, kQuantBlock);

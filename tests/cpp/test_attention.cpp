@@ -78,8 +78,8 @@ TEST(AttentionValidate, RejectsBadParams) {
 }
 
 // Exact attention over at most kShortMaxKeys keys (a text cross-attention) takes the short-key
-// kernel on every GPU, so the Hopper kernel's transposed V is not allocated for it; more keys,
-// no keys or the 8-bit method take the key-walking kernels.
+// kernel on every GPU, with no workspace; more keys, no keys or the 8-bit method take the
+// key-walking kernels.
 TEST(AttentionPlan, ShortKeyKernelTakesExactAttentionOverAtMost128Keys) {
   AttentionParams p;
   p.batch = p.heads_q = p.heads_kv = 2;
@@ -91,12 +91,12 @@ TEST(AttentionPlan, ShortKeyKernelTakesExactAttentionOverAtMost128Keys) {
     p.seq_k = keys;
     EXPECT_TRUE(uses_short_kernel(p)) << keys;
     EXPECT_FALSE(uses_hopper_kernel(p)) << keys;
-    EXPECT_EQ(attention_workspace(p, nullptr).v_keys, 0) << keys;  // no transposed V
     EXPECT_EQ(workspace_bytes(p), 0) << keys;
   }
   for (int64_t keys : {0, 129, 8064}) {
     p.seq_k = keys;
     EXPECT_FALSE(uses_short_kernel(p)) << keys;
+    EXPECT_EQ(workspace_bytes(p), 0) << keys;  // exact attention reads q, k and v in place
   }
   p.seq_k = 128;
   p.precision = AttentionPrecision::kInt8QK;
@@ -118,7 +118,6 @@ TEST(AttentionPlan, DecodeKernelTakesFewRowsPerKvHeadAgainstManyKeys) {
   EXPECT_FALSE(uses_hopper_kernel(p));
   const AttentionWorkspace w = attention_workspace(p, nullptr);
   EXPECT_EQ(w.decode_chunks, 129);  // 8193 keys in chunks of 64
-  EXPECT_EQ(w.v_keys, 0);          // no transposed V
   EXPECT_GE(w.bytes, 2 * 8 * 129 * kDecodeMaxRows * (128 + 2) * 4);
   p.seq_q = 4;  // 16 rows per kv head: the most it takes
   EXPECT_TRUE(uses_decode_kernel(p));
