@@ -381,7 +381,7 @@ def fp8_linear_gated_residual(
 # integrations that route calls to it: exact attention against at most ATTENTION_SHORT_KEYS
 # keys runs the short-key kernel (kShortMaxKeys); at most ATTENTION_DECODE_ROWS query rows per
 # kv head (tokens x grouped query heads) against ATTENTION_DECODE_MIN_KEYS keys or more, the
-# decode kernel (kDecodeMaxRows, kDecodeMinKeys).
+# decode kernel (kDecodeMaxRows, kDecodeMinKeys). test_attention.py checks that they are the header's.
 ATTENTION_SHORT_KEYS = 128
 ATTENTION_DECODE_ROWS = 16
 ATTENTION_DECODE_MIN_KEYS = 512

@@ -6,6 +6,8 @@ the C++ CPU reference, with odd lengths, cross-attention padding, strided and mi
 views and NaN propagation."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -311,6 +313,17 @@ def test_backward_meta_and_bad_input():
 
 
 # ---- the CUDA kernel ----
+
+def test_integration_limits_are_the_kernels():
+    """The limits the integrations route by (ltx_kernels.ops.ATTENTION_*: the LTX processor's
+    short-key cross-attention, transformers' decode steps) are the CUDA launcher's
+    (src/ops/attention_workspace.h): a change to one side alone fails here."""
+    header = (Path(__file__).resolve().parents[2] / "src" / "ops" / "attention_workspace.h").read_text()
+    constants = {name: int(value) for name, value in re.findall(r"constexpr int64_t (k\w+) = (\d+);", header)}
+    assert constants["kShortMaxKeys"] == ltx_kernels.ops.ATTENTION_SHORT_KEYS
+    assert constants["kDecodeMaxRows"] == ltx_kernels.ops.ATTENTION_DECODE_ROWS
+    assert constants["kDecodeMinKeys"] == ltx_kernels.ops.ATTENTION_DECODE_MIN_KEYS
+
 
 cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 CUDA_DTYPES = [torch.bfloat16, torch.float16]
