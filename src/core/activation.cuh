@@ -4,6 +4,10 @@
 
 namespace ltx_kernels::core {
 
+// log2(e): the attention kernels take their scores to log2 units (exp(x) = exp2(x log2 e)), so
+// that the softmax's exponentials are fast_exp2 / exp2f.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // 2^x by the SFU (ex2.approx: 2 ulp; exp2(-inf) = 0; results below fp32's smallest normal
 // flush to 0): the attention kernels' softmax, where P is rounded to 16 bits afterwards.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -28,6 +28,7 @@
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/reduce.cuh"
+#include "core/activation.cuh"
 #include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
 #include "ltx_kernels/quantize.h"  // kMinAmax
@@ -45,7 +46,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBlockM = 16 * kWarps;
 constexpr int kBlockN = kQuantBlock;
-constexpr float kLog2e = 1.4426950408889634f;
+using core::kLog2e;
 
 template <typename T, int D, bool INT8>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams p, const AttentionWorkspace w) {

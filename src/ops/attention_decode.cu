@@ -16,6 +16,7 @@
 
 #include <cmath>
 
+#include "core/activation.cuh"
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "ltx_kernels/attention.h"
@@ -29,7 +30,7 @@ constexpr int kThreads = 128, kWarps = kThreads / 32;
 constexpr int kMaxRows = static_cast<int>(kDecodeMaxRows);
 constexpr int kChunk = static_cast<int>(kDecodeChunk);
 static_assert(kThreads == 2 * kChunk, "two threads per key in the scores");
-constexpr float kLog2e = 1.4426950408889634f;
+using core::kLog2e;
 
 // Query row r of a kv head: query token r / group of query head hk * group + r % group.
 struct Row {

@@ -11,7 +11,7 @@
 
 namespace ltx_kernels::attention_short {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using core::kLog2e;
 
 // Scales `score(j, e)` (a float&) to log2 units by `factor` and masks it: with `row_masks`, by
 // p.mask's rows row_lo and row_lo + 8 of (batch b, head h) (natural-log units; the last row

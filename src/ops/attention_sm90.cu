@@ -56,7 +56,7 @@ namespace gmma = cute::SM90::GMMA;
 
 constexpr int kRowsPerConsumer = 64;  // wgmma's M
 constexpr int kStages = 3;  // K and V of a step are released one step late (overlap)
-constexpr float kLog2e = 1.4426950408889634f;
+using core::kLog2e;
 constexpr float kMaxSlack = 8.0f;  // see the softmax: exponentials up to 2^8
 static_assert(kRowsPerConsumer == kQuantBlock, "one q scale per consumer warpgroup");
 
