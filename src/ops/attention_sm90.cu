@@ -132,18 +132,21 @@ using core::fast_exp2;
 // along a row): LBO is unused by swizzled layouts. MN-major (MN, rows = K: the reduction runs
 // down the rows, M or N along them): LBO is the stride between the tile's 64-element column
 // blocks. Built once per tile, so that the main loop only adds compile-time offsets
-// (recomputing the bit fields cost ~10 instructions per wgmma).
+// (recomputing the bit fields cost ~10 instructions per wgmma). `tile16` is the tile's shared
+// address in 16-byte units, added to the constant fields rather than masked into them, so
+// that tiles at constant offsets from one base are that base's register plus a constant (in
+// the 8-bit head_dim 64 kernel, separate registers for each tile's descriptor spilled).
 template <class TILE, bool MN = false>
 struct Desc {
   uint32_t lo, hi;
-  __device__ __forceinline__ static Desc of(uint32_t tile) {
+  __device__ __forceinline__ static Desc of(uint32_t tile16) {
     cute::GmmaDescriptor d;
-    d.bitfield.start_address_ = static_cast<uint16_t>(tile >> 4);
+    d.desc_ = 0;
     d.bitfield.leading_byte_offset_ = MN ? static_cast<uint16_t>((TILE::kRows * TILE::kWidth) >> 4) : 1;
     d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
     d.bitfield.base_offset_ = 0;
     d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
-    return {d.reg32_[0], d.reg32_[1]};
+    return {d.reg32_[0] + tile16, d.reg32_[1]};
   }
   // The tile `bytes` further on in shared memory (a multiple of 16).
   __device__ __forceinline__ Desc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
@@ -295,9 +298,11 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
   const int m0 = static_cast<int>(blockIdx.x) * kBlockM + c * kRowsPerConsumer;
-  const Desc<QTile> q_desc = Desc<QTile>::of(core::smem_addr(s_q + c * QTile::kBytes));
-  const Desc<KTile> k_desc0 = Desc<KTile>::of(core::smem_addr(s_stage));                    // stage 0
-  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
+  const uint32_t smem16 = core::smem_addr(smem) >> 4;  // (the tiles' descriptors: constant offsets from it)
+  const Desc<QTile> q_desc = Desc<QTile>::of(smem16 + c * (QTile::kBytes >> 4));
+  constexpr uint32_t kStage16 = (kConsumers * QTile::kBytes) >> 4;                                // stage 0
+  const Desc<KTile> k_desc0 = Desc<KTile>::of(smem16 + kStage16);
+  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(smem16 + kStage16 + (KTile::kBytes >> 4));
   float q_factor = p.scale * kLog2e;
   // (a warpgroup of the last CTA may have no rows: its block has no scale)
   if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
@@ -575,8 +580,8 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
   char* s_q = s_vt + VTile::kBytes;  // [2] query tiles
   float* bias = reinterpret_cast<float*>(s_q + 2 * QTile::kBytes);  // kKeys floats
   const uint32_t k_addr = core::smem_addr(s_k), q_addr = core::smem_addr(s_q);
-  const Desc<KTile> k_desc = Desc<KTile>::of(k_addr);
-  const Desc<VTile> v_desc = Desc<VTile>::of(core::smem_addr(s_vt));
+  const Desc<KTile> k_desc = Desc<KTile>::of(k_addr >> 4);
+  const Desc<VTile> v_desc = Desc<VTile>::of(core::smem_addr(s_vt) >> 4);
 
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
@@ -651,7 +656,7 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
     // S = Q K^T: 64 rows x kKeys keys, element 4 j + e of a thread is row 16 warp + g + 8 (e / 2),
     // key 8 j + 2 tig + e % 2 (the mma.sync kernels' layout, per warp).
     float s[kKeys / 2];
-    const Desc<QTile> q_desc = Desc<QTile>::of(q_addr + buf * QTile::kBytes);
+    const Desc<QTile> q_desc = Desc<QTile>::of((q_addr + buf * QTile::kBytes) >> 4);
     fence_operands(s);
     cute::warpgroup_arrive();
 #pragma unroll
