@@ -1,13 +1,16 @@
 // The Hopper attention kernel (sm_90a): FlashAttention-3's warp-specialized layout, CuTe's
 // MMA atoms and descriptors, TMA loads.
 //
-// A CTA computes kBlockM query rows of one (batch, head) with 1 + kConsumers warpgroups:
-// warpgroup 0 is the producer (one thread issues every TMA load; the group gives its
-// registers to the others with setmaxnreg), the consumer warpgroups each own 64 rows (wgmma's
-// M) and walk the keys BLOCK_N at a time (TileShape; two or three consumers, picked per call
-// by launch_shape). Q is loaded once; K and V tiles go through a kStages-deep ring of
-// shared-memory stages, each with a "full" mbarrier (the producer's TMA bytes landed) and an
-// "empty" one (every consumer warp is done with it). S = Q K^T reads Q and K from shared
+// Persistent: one CTA per SM walks tiles of kBlockM query rows of one (batch, head), with
+// 1 + kConsumers warpgroups: warpgroup 0 is the producer (one thread issues every TMA load;
+// the group gives its registers to the others with setmaxnreg), the consumer warpgroups each
+// own 64 rows (wgmma's M) and walk the keys BLOCK_N at a time (TileShape; two or three
+// consumers, picked per call by launch_shape). A tile's Q is loaded once, into a buffer with
+// a "full" and an "empty" mbarrier, so that the next tile's Q (and its first K and V) load
+// while the consumers finish this one: the epilogue and the next tile's start overlap; K and
+// V tiles go through a kStages-deep ring of shared-memory stages, continued across tiles,
+// each with a "full" mbarrier (the producer's TMA bytes landed) and an "empty" one (every
+// consumer warp is done with it). S = Q K^T reads Q and K from shared
 // memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
 // softmax runs on the accumulators in registers, in place (the scale, and for INT8 scores the
 // k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
@@ -23,7 +26,7 @@
 // attention_tiles.md): a scheduler barrier making the consumer warpgroups issue their GEMMs in
 // turn (no gain), FlashAttention-4's exp2 polynomial on the FMA units for 2 or 3 of every 8
 // scores (slower). Not done: FP8 P V (emulated, its error on randn inputs reaches the 4e-2
-// bar at 4000 keys); persistent scheduling with the epilogue overlapped.
+// bar at 4000 keys).
 // (the wgmma atoms whose N is not a multiple of 16, for O += P V with the row-sum columns)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cuda_bf16.h>
@@ -96,7 +99,7 @@ struct Layout {
   static constexpr int kOnesBytes = SHAPE::kBlockN * VTile::kWidth;  // one column block
   static constexpr int bytes(int ones) {
     return 1024 /* base alignment */ + SHAPE::kConsumers * QTile::kBytes +
-           kStages * (KTile::kBytes + VTile::kBytes + ones) + 8 * (1 + 2 * kStages);
+           kStages * (KTile::kBytes + VTile::kBytes + ones) + 8 * (2 + 2 * kStages);
   }
   static constexpr int kMaxSmem = 227 * 1024;  // sm_90's dynamic shared memory per block
   static constexpr int kSumCols = bytes(kOnesBytes) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
@@ -132,18 +135,21 @@ using core::fast_exp2;
 // along a row): LBO is unused by swizzled layouts. MN-major (MN, rows = K: the reduction runs
 // down the rows, M or N along them): LBO is the stride between the tile's 64-element column
 // blocks. Built once per tile, so that the main loop only adds compile-time offsets
-// (recomputing the bit fields cost ~10 instructions per wgmma).
+// (recomputing the bit fields cost ~10 instructions per wgmma). `tile16` is the tile's shared
+// address in 16-byte units, added to the constant fields rather than masked into them, so
+// that tiles at constant offsets from one base are that base's register plus a constant (in
+// the 8-bit head_dim 64 kernel, separate registers for each tile's descriptor spilled).
 template <class TILE, bool MN = false>
 struct Desc {
   uint32_t lo, hi;
-  __device__ __forceinline__ static Desc of(uint32_t tile) {
+  __device__ __forceinline__ static Desc of(uint32_t tile16) {
     cute::GmmaDescriptor d;
-    d.bitfield.start_address_ = static_cast<uint16_t>(tile >> 4);
+    d.desc_ = 0;
     d.bitfield.leading_byte_offset_ = MN ? static_cast<uint16_t>((TILE::kRows * TILE::kWidth) >> 4) : 1;
     d.bitfield.stride_byte_offset_ = static_cast<uint16_t>((8 * TILE::kWidth) >> 4);
     d.bitfield.base_offset_ = 0;
     d.bitfield.layout_type_ = static_cast<uint8_t>(TILE::kWidth == 128 ? gmma::LayoutType::B128 : gmma::LayoutType::B64);
-    return {d.reg32_[0], d.reg32_[1]};
+    return {d.reg32_[0] + tile16, d.reg32_[1]};
   }
   // The tile `bytes` further on in shared memory (a multiple of 16).
   __device__ __forceinline__ Desc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
@@ -234,17 +240,29 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V tile, ones)
   uint64_t* bars = reinterpret_cast<uint64_t*>(s_stage + kStages * kStageBytes);
   uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;             // [kStages]
-  uint64_t* empty = bars + 1 + kStages;  // [kStages]
+  uint64_t* q_empty = bars + 1;
+  uint64_t* full = bars + 2;             // [kStages]
+  uint64_t* empty = bars + 2 + kStages;  // [kStages]
 
   // (broadcast from lane 0, so that the compiler knows it is warp-uniform and keeps what
   // derives from it, e.g. the descriptors, in uniform registers)
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int64_t b = blockIdx.z;
-  const int h = blockIdx.y, hk = h / static_cast<int>(p.heads_q / p.heads_kv);
   const int seq_q = static_cast<int>(p.seq_q), seq_k = static_cast<int>(p.seq_k);
   const int steps = (seq_k + kBlockN - 1) / kBlockN;
-  const int bi = static_cast<int>(b);  // TMA coordinates: (column, row, head, batch)
+  // The CTA's tiles: blockIdx.x, then every gridDim.x-th (the launcher checks the count fits
+  // an int). A tile is (query block, head, batch), the query block fastest: the order of the
+  // one-CTA-per-tile grid before, so that a wave of tiles (132 on an H100: ~3 heads at LTX-2B
+  // 161 frames) shares its heads' K and V in L2.
+  const int m_blocks = (seq_q + kBlockM - 1) / kBlockM, heads_q = static_cast<int>(p.heads_q);
+  const int tiles = m_blocks * heads_q * static_cast<int>(p.batch);
+  const int group = static_cast<int>(p.heads_q / p.heads_kv);
+  struct TileIndex {
+    int m_block, h, hk, b;  // b: also the TMA coordinate (column, row, head, batch)
+  };
+  const auto tile_index = [&](int tile) {
+    const int bh = tile / m_blocks, h = bh % heads_q;
+    return TileIndex{tile % m_blocks, h, h / group, bh / heads_q};
+  };
 
   // The ones column block after every stage's V tile, seen by the wgmma's async proxy after
   // the barrier below.
@@ -259,6 +277,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   }
   if (threadIdx.x == 0) {
     Barrier::init(q_full, 1);
+    Barrier::init(q_empty, 4 * kConsumers);  // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full[s], 1);
       Barrier::init(&empty[s], 4 * kConsumers);  // one arrival per consumer warp
@@ -271,46 +290,60 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     // Producer: one thread issues every load; the rest of the warpgroup idles.
     cutlass::arch::warpgroup_reg_dealloc<SHAPE::kProducerRegs>();
     if (threadIdx.x != 0) return;
-    Barrier::arrive_and_expect_tx(q_full, kConsumers * QTile::kBytes);
+    // The ring position of the next load and the phase of its stage, across tiles.
+    int stage = 0, phase = 0, n = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++n) {
+      const TileIndex at = tile_index(tile);
+      // The tile's Q, once every consumer warp has the previous tile's last S (its last read
+      // of Q). A fresh barrier counts as having completed the phase before its first: the
+      // first tile's wait passes, as do the first kStages waits on `empty`.
+      const auto load_q = [&] {
+        Barrier::wait(q_empty, (n & 1) ^ 1);
+        Barrier::arrive_and_expect_tx(q_full, kConsumers * QTile::kBytes);
 #pragma unroll
-    for (int c = 0; c < kConsumers; ++c) {
-      tma_tile<QTile, QK>(maps.q, q_full, s_q + c * QTile::kBytes, blockIdx.x * kBlockM + c * kRowsPerConsumer, h, bi);
-    }
-    for (int step = 0; step < steps; ++step) {
-      const int stage = step % kStages;
-      // A fresh barrier counts as having completed the phase before its first: the first
-      // kStages waits pass.
-      Barrier::wait(&empty[stage], ((step / kStages) & 1) ^ 1);
-      Barrier::arrive_and_expect_tx(&full[stage], L::kLoadBytes);
-      char* s_k = s_stage + stage * kStageBytes;
-      tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, hk, bi);
-      tma_tile<VTile, T>(maps.v, &full[stage], s_k + KTile::kBytes, step * kBlockN, hk, bi);
+        for (int c = 0; c < kConsumers; ++c) {
+          tma_tile<QTile, QK>(maps.q, q_full, s_q + c * QTile::kBytes, at.m_block * kBlockM + c * kRowsPerConsumer,
+                              at.h, at.b);
+        }
+      };
+      if (steps == 0) load_q();
+      for (int step = 0; step < steps; ++step) {
+        Barrier::wait(&empty[stage], phase ^ 1);
+        Barrier::arrive_and_expect_tx(&full[stage], L::kLoadBytes);
+        char* s_k = s_stage + stage * kStageBytes;
+        tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, at.hk, at.b);
+        tma_tile<VTile, T>(maps.v, &full[stage], s_k + KTile::kBytes, step * kBlockN, at.hk, at.b);
+        // (the first K and V before Q, as FlashAttention-3 orders them: their stage frees up
+        // while the previous tile still runs, Q only at its last step)
+        if (step == 0) load_q();
+        if (++stage == kStages) stage = 0, phase ^= 1;
+      }
     }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<SHAPE::kConsumerRegs>();
 
-  // Consumer warpgroup c = wg - 1: query rows m0 .. m0 + 63.
+  // Consumer warpgroup c = wg - 1: query rows m0 .. m0 + 63 of each tile.
   const int c = wg - 1, t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
-  const int m0 = static_cast<int>(blockIdx.x) * kBlockM + c * kRowsPerConsumer;
-  const Desc<QTile> q_desc = Desc<QTile>::of(core::smem_addr(s_q + c * QTile::kBytes));
-  const Desc<KTile> k_desc0 = Desc<KTile>::of(core::smem_addr(s_stage));                    // stage 0
-  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(core::smem_addr(s_stage + KTile::kBytes));  // stage 0
-  float q_factor = p.scale * kLog2e;
-  // (a warpgroup of the last CTA may have no rows: its block has no scale)
-  if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
-  const float* k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
-  const float* mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
-
-  // Rows g and g + 8 of this warp's 16: running max (log2 units), this thread's partial row
-  // sum where the tensor cores do not sum them; o[4 t + e]: output column 8 t + 2 tig + e % 2
-  // of row g + 8 (e / 2), the row sums in columns D and up where they do.
+  const uint32_t smem16 = core::smem_addr(smem) >> 4;  // (the tiles' descriptors: constant offsets from it)
+  const Desc<QTile> q_desc = Desc<QTile>::of(smem16 + c * (QTile::kBytes >> 4));
+  constexpr uint32_t kStage16 = (kConsumers * QTile::kBytes) >> 4;  // stage 0
+  const Desc<KTile> k_desc0 = Desc<KTile>::of(smem16 + kStage16);
+  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(smem16 + kStage16 + (KTile::kBytes >> 4));
+  // The tile's state, set at its start (the functions below refer to it): its batch and
+  // heads, first row, score factor (INT8: with q's block scale), k scales and mask; rows g and
+  // g + 8 of this warp's 16: running max (log2 units), this thread's partial row sum where the
+  // tensor cores do not sum them; o[4 t + e]: output column 8 t + 2 tig + e % 2 of row g + 8
+  // (e / 2), the row sums in columns D and up where they do.
+  int64_t b = 0;
+  int h = 0, hk = 0, m0 = 0, row_lo = 0;
+  float q_factor = 0.0f;
+  const float* k_scale = nullptr;
+  const float* mask = nullptr;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float o[kOCols / 2] = {};
-  const int row_lo = m0 + 16 * warp + g;
-  Barrier::wait(q_full, 0);
 
   // One step's S = Q K^T, issued without waiting.
   auto issue_qk = [&](Acc (&s)[kBlockN / 2], int stage) {
@@ -466,85 +499,112 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   auto release = [&](int stage) {
     if (lane == 0) Barrier::arrive(&empty[stage]);
   };
+  // This warp is done with the tile's Q (its last Q K^T landed): one arrival.
+  auto release_q = [&] {
+    if (lane == 0) Barrier::arrive(q_empty);
+  };
 
-  // Intra-warpgroup overlap (FlashAttention-3): step j's Q K_j^T and step j - 1's P V_{j-1}
-  // are issued together; the softmax of step j (exponentials on the SFU) runs while the
-  // tensor cores do P V_{j-1}. O is rescaled only once that P V has landed.
-  // S and its exponentials live within one step (declared there, so that nothing keeps the
-  // last step's values alive); P is carried to the next.
-  uint32_t pa[kBlockN / 16][4];
-  if (steps > 0) {  // no keys: O stays 0, the row sums 0
-    Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
-    float alpha[2];
-    Barrier::wait(&full[0], 0);
-    fence_operands(s);
-    cute::warpgroup_arrive();
-    issue_qk(s, 0);
-    float factor[kKBlocks];
-    step_factors(0, factor);
-    cute::warpgroup_wait<0>();
-    fence_operands(s);
-    softmax(s, 0, factor, alpha);  // O is zero: no rescale
-    pack_p(s, pa);
-    // The ring position of this step and the previous one, and the phase of this step's
-    // full barrier, kept as counters (a modulo by 3 costs a multiply-high per step).
-    int stage = 0, prev = 0, phase = 0;
-    for (int step = 1; step < steps; ++step) {
-      prev = stage;
-      if (++stage == kStages) stage = 0, phase ^= 1;
-      Acc s[kBlockN / 2];
+  // The ring position of the next step and the phase of its full barrier, across tiles, kept
+  // as counters (a modulo by 3 costs a multiply-high per step).
+  int stage = 0, phase = 0, n = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++n) {
+    const TileIndex at = tile_index(tile);
+    b = at.b, h = at.h, hk = at.hk;
+    m0 = at.m_block * kBlockM + c * kRowsPerConsumer;
+    row_lo = m0 + 16 * warp + g;
+    q_factor = p.scale * kLog2e;
+    // (a warpgroup of the last query block may have no rows: its block has no scale)
+    if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
+    k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
+    mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kOCols / 2; ++i) o[i] = 0.0f;
+    Barrier::wait(q_full, n & 1);
+
+    // Intra-warpgroup overlap (FlashAttention-3): step j's Q K_j^T and step j - 1's P V_{j-1}
+    // are issued together; the softmax of step j (exponentials on the SFU) runs while the
+    // tensor cores do P V_{j-1}. O is rescaled only once that P V has landed.
+    // S and its exponentials live within one step (declared there, so that nothing keeps the
+    // last step's values alive); P is carried to the next. Q is released after the tile's last
+    // Q K^T lands, so that the next tile's Q loads under this one's last softmax and P V.
+    uint32_t pa[kBlockN / 16][4];
+    if (steps > 0) {  // no keys: O stays 0, the row sums 0
+      Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
       float alpha[2];
       Barrier::wait(&full[stage], phase);
       fence_operands(s);
+      cute::warpgroup_arrive();
+      issue_qk(s, stage);
+      float factor[kKBlocks];
+      step_factors(0, factor);
+      cute::warpgroup_wait<0>();
+      fence_operands(s);
+      if (steps == 1) release_q();
+      softmax(s, 0, factor, alpha);  // O is zero: no rescale
+      pack_p(s, pa);
+      for (int step = 1; step < steps; ++step) {
+        const int prev = stage;
+        if (++stage == kStages) stage = 0, phase ^= 1;
+        Acc s[kBlockN / 2];
+        float alpha[2];
+        Barrier::wait(&full[stage], phase);
+        fence_operands(s);
+        fence_p(pa);
+        fence_operands(o);
+        cute::warpgroup_arrive();
+        issue_qk(s, stage);
+        issue_pv(pa, prev);
+        float factor[kKBlocks];
+        step_factors(step, factor);
+        cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
+        fence_operands(s);
+        if (step == steps - 1) release_q();
+        softmax(s, step, factor, alpha);
+        cute::warpgroup_wait<0>();  // P V of the previous step
+        fence_p(pa);
+        fence_operands(o);
+        release(prev);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // (warp-uniform)
+#pragma unroll
+          for (int i = 0; i < kOCols / 2; ++i) o[i] *= alpha[(i % 4) / 2];
+        }
+        pack_p(s, pa);
+      }
       fence_p(pa);
       fence_operands(o);
       cute::warpgroup_arrive();
-      issue_qk(s, stage);
-      issue_pv(pa, prev);
-      float factor[kKBlocks];
-      step_factors(step, factor);
-      cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
-      fence_operands(s);
-      softmax(s, step, factor, alpha);
-      cute::warpgroup_wait<0>();  // P V of the previous step
+      issue_pv(pa, stage);
+      cute::warpgroup_wait<0>();
       fence_p(pa);
       fence_operands(o);
-      release(prev);
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // (warp-uniform)
-#pragma unroll
-        for (int i = 0; i < kOCols / 2; ++i) o[i] *= alpha[(i % 4) / 2];
-      }
-      pack_p(s, pa);
-    }
-    fence_p(pa);
-    fence_operands(o);
-    cute::warpgroup_arrive();
-    issue_pv(pa, stage);
-    cute::warpgroup_wait<0>();
-    fence_p(pa);
-    fence_operands(o);
-    release(stage);
-  }
-
-  T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float total;
-    if constexpr (kSumCols > 0) {
-      total = o[D / 2 + 2 * r];  // column D of row g + 8 r: its sum
+      release(stage);
+      if (++stage == kStages) stage = 0, phase ^= 1;
     } else {
-      total = row_sum[r];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      release_q();
     }
-    const int row = row_lo + 8 * r;
-    if (row >= seq_q) continue;
-    const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
+
+    T* out = static_cast<T*>(p.out) + b * p.out_strides.batch + h * p.out_strides.head;
 #pragma unroll
-    for (int tt = 0; tt < D / 8; ++tt) {
-      const float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
-      const float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
-      *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * tt + 2 * tig) = core::pack2<T>(x0, x1);
+    for (int r = 0; r < 2; ++r) {
+      float total;
+      if constexpr (kSumCols > 0) {
+        total = o[D / 2 + 2 * r];  // column D of row g + 8 r: its sum
+      } else {
+        total = row_sum[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+      }
+      const int row = row_lo + 8 * r;
+      if (row >= seq_q) continue;
+      const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
+#pragma unroll
+      for (int tt = 0; tt < D / 8; ++tt) {
+        const float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
+        const float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
+        *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * tt + 2 * tig) = core::pack2<T>(x0, x1);
+      }
     }
   }
 #endif
@@ -555,8 +615,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 // head_dim and O = P V as one m64nD wgmma per 16 keys, where the mma.sync kernel issues 128
 // HMMA per warp and 16 rows. K is loaded as it is (K-major, the QK^T operand), V transposed
 // into V^T while it is loaded (once per head: the PV operand is read K-major; the kernel above
-// reads V MN-major, straight from TMA, instead),
-// kernel above), the query tile double-buffered (cp.async).
+// reads V MN-major, straight from TMA, instead), the query tile double-buffered (cp.async).
 constexpr int kShortThreads = 128;
 
 template <typename T, int D>
@@ -575,8 +634,8 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
   char* s_q = s_vt + VTile::kBytes;  // [2] query tiles
   float* bias = reinterpret_cast<float*>(s_q + 2 * QTile::kBytes);  // kKeys floats
   const uint32_t k_addr = core::smem_addr(s_k), q_addr = core::smem_addr(s_q);
-  const Desc<KTile> k_desc = Desc<KTile>::of(k_addr);
-  const Desc<VTile> v_desc = Desc<VTile>::of(core::smem_addr(s_vt));
+  const Desc<KTile> k_desc = Desc<KTile>::of(k_addr >> 4);
+  const Desc<VTile> v_desc = Desc<VTile>::of(core::smem_addr(s_vt) >> 4);
 
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
@@ -651,7 +710,7 @@ __global__ void __launch_bounds__(kShortThreads, D == 64 ? 3 : 1) attention_shor
     // S = Q K^T: 64 rows x kKeys keys, element 4 j + e of a thread is row 16 warp + g + 8 (e / 2),
     // key 8 j + 2 tig + e % 2 (the mma.sync kernels' layout, per warp).
     float s[kKeys / 2];
-    const Desc<QTile> q_desc = Desc<QTile>::of(q_addr + buf * QTile::kBytes);
+    const Desc<QTile> q_desc = Desc<QTile>::of((q_addr + buf * QTile::kBytes) >> 4);
     fence_operands(s);
     cute::warpgroup_arrive();
 #pragma unroll
@@ -773,12 +832,13 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
     error = tma_map(&maps.v, p.v, 2, D, p.seq_k, p.heads_kv, p.batch, p.v_strides, kBlockN, VTile::kWidth);
   }
   if (error != cudaSuccess) return error;
-  const auto kernel = attention_sm90_kernel<T, D, INT8, SHAPE>;
-  error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // One CTA per SM (the setmaxnreg budgets assume it), each taking every grid-th tile.
+  const int64_t tiles = host_util::ceil_div(p.seq_q, SHAPE::kBlockM) * p.heads_q * p.batch;
+  if (tiles > INT_MAX) return cudaErrorInvalidValue;
+  int ctas = 0;
+  error = persistent_grid<attention_sm90_kernel<T, D, INT8, SHAPE>>(SHAPE::kThreads, kSmem, &ctas);
   if (error != cudaSuccess) return error;
-  const dim3 grid(static_cast<unsigned>(host_util::ceil_div(p.seq_q, SHAPE::kBlockM)), static_cast<unsigned>(p.heads_q),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, SHAPE::kThreads, kSmem, stream>>>(p, w, maps);
+  attention_sm90_kernel<T, D, INT8, SHAPE><<<static_cast<unsigned>(tiles < ctas ? tiles : ctas), SHAPE::kThreads, kSmem, stream>>>(p, w, maps);
   return cudaGetLastError();
 }
 

@@ -402,6 +402,35 @@ def test_cuda_wide_tiles(precision, dtype, seq):
 
 
 @cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("keys", [100, 129, 300, 640])
+def test_cuda_persistent_tiles(precision, dtype, d, keys):
+    """The Hopper kernel is persistent: one CTA per SM takes every grid-th tile, its Q buffer
+    and its ring of K/V stages carried from tile to tile. More than three tiles per CTA, 1 to 5
+    key steps a tile (so the ring's position moves by a different amount per tile; 100 keys
+    in bf16 run the short-key kernel), 17 query heads per kv head, a partial last query block
+    and a padding mask per sample: a tile that read another tile's Q, a stale stage, another
+    head's scales or mask row shows against the formula (such an element is off by the output's
+    own scale). The element bound is relative to the sum of |P V| terms, as for any output of
+    P rounded to the input dtype: over these ~4M elements, bf16's rounding of P alone took five
+    elements to 1.04-1.2x the bound relative to |out| (H100; the same elements and values with
+    the one-CTA-per-tile kernel before this one)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv = 4
+    hq = hkv * (sms // 8 + 1)  # x 3 or 4 query blocks x 2 samples: > 3 tiles per SM
+    q, k, v = on_cuda(*qkv((2, hq, hkv, 450, keys, d), dtype, seed=13))
+    ref = formula(precision)
+    assert_close(ltx_kernels.attention(q, k, v, precision=precision), ref(q, k, v), dtype,
+                 magnitude=ref(q, k, v.abs()))
+    padding = (torch.arange(keys, device="cuda")[None, None, None, :]
+               < torch.tensor([keys - 7, keys // 2], device="cuda")[:, None, None, None])
+    out = ltx_kernels.attention(q, k, v, attn_mask=padding, precision=precision)
+    assert_close(out, ref(q, k, v, padding), dtype, magnitude=ref(q, k, v.abs(), padding))
+
+
+@cuda
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("shape", [(2, 16, 16, 2001, 128), (3, 8, 2, 700, 1), (1, 40, 40, 333, 127)])
