@@ -12,10 +12,15 @@
 //   out[m, n] = residual[m, n] + gate[m / batch_rows, n] * (the above)   (fp32), rounded once
 // residual and gate in out_dtype; one gate row per batch of batch_rows consecutive rows (the
 // AdaLN gate of a [B, S, N] activation: batch_rows = S).
+//
+// With activation kGeluTanh (a feed-forward's up projection; not with the gated residual):
+//   out[m, n] = gelu_tanh(the above)                   (fp32), rounded once
+// the GPU computing the fast form of core/activation.cuh (~1e-6 relative to the reference's).
 #pragma once
 
 #include <cstdint>
 
+#include "ltx_kernels/quantize.h"
 #include "ltx_kernels/types.h"
 
 #if defined(LTX_KERNELS_WITH_CUDA) && defined(LTX_KERNELS_SM90A)
@@ -45,6 +50,7 @@ struct Fp8LinearParams {
   const void* gate = nullptr;      // [m / batch_rows, n], row stride gate_batch_stride
   int64_t gate_batch_stride = 0;
   int64_t batch_rows = 0;          // rows per gate row, > 0 and dividing m
+  Fp8Activation activation = Fp8Activation::kNone;
   // Compute capability of the GPU it runs on (major * 10 + minor): the CUDA kernel is Hopper's.
   int32_t arch = 0;
 };

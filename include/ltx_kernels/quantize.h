@@ -25,14 +25,16 @@ namespace ltx_kernels {
 constexpr float kFp8E4m3Max = 448.0f;
 constexpr float kMinAmax = 1e-12f;  // as torchao: a zero row gets a tiny scale, not 0 / 0
 
-enum class QuantizeActivation : int32_t {
+// The activation the FP8 path applies in fp32 where it writes a feed-forward's hidden values:
+// here, before quantizing them; in fp8_linear.h, in the up projection's epilogue.
+enum class Fp8Activation : int32_t {
   kNone = 0,
   kGeluTanh = 1,
 };
 
 struct QuantizeParams {
   DType dtype = DType::kFloat32;  // of x
-  QuantizeActivation activation = QuantizeActivation::kNone;
+  Fp8Activation activation = Fp8Activation::kNone;
   int64_t rows = 0;
   int64_t cols = 0;
 

@@ -335,16 +335,19 @@ def fp8_linear(
     *,
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    activation: str = "none",
 ) -> torch.Tensor:
     """``x @ dequant(weight).T + bias`` in FP8: ``weight`` ``[N, K]`` is ``float8_e4m3fn`` with
     ``weight_scale`` ``[N]`` (one per output channel, as :func:`quantize_fp8` gives for the
     weight). A float ``x`` ``[..., K]`` is quantized per row here; an already quantized one is
     passed with its ``x_scale``. fp32 accumulation, scales and bias applied before the one
     rounding to ``out_dtype`` (default: ``x``'s dtype, or ``bias``'s / bfloat16 for an fp8
-    ``x``). K and N must be multiples of 16. A ``weight`` view whose rows are contiguous and
-    16-byte aligned (a block of a larger weight's columns, ``w[:, a:b]``) is read in place. On
-    CUDA: our CUTLASS kernel on Hopper, else ``torch._scaled_mm`` (compute capability >= 8.9);
-    fp16 / fp32 outputs of the latter take one extra pass for the scales."""
+    ``x``); ``activation="gelu_tanh"`` applies GELU (tanh) to that fp32 result first, in the
+    GEMM's epilogue (a feed-forward's up projection). K and N must be multiples of 16. A
+    ``weight`` view whose rows are contiguous and 16-byte aligned (a block of a larger weight's
+    columns, ``w[:, a:b]``) is read in place. On CUDA: our CUTLASS kernel on Hopper, else
+    ``torch._scaled_mm`` (compute capability >= 8.9); fp16 / fp32 outputs or an activation of
+    the latter take extra passes in torch ops."""
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):  # which dtypes: the op says
         raise TypeError(f"fp8_linear: out_dtype must be a torch.dtype or None, got {type(out_dtype).__name__}")
     if x_scale is None:
@@ -353,7 +356,8 @@ def fp8_linear(
         x, x_scale = _ops.quantize_fp8(x)
     elif out_dtype is None:
         out_dtype = bias.dtype if bias is not None else torch.bfloat16
-    return _ops.fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype)
+    activation = _choice("fp8_linear", "activation", activation, ("none", "gelu_tanh"))
+    return _ops.fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype, activation)
 
 
 def fp8_linear_gated_residual(

@@ -11,6 +11,10 @@ ValidationError validate(const Fp8LinearParams& p) {
   if (p.out_row_stride < p.n && p.m > 1) return "out rows overlap (out_row_stride < n)";
   if (p.a_scale == nullptr || p.b_scale == nullptr) return "a_scale or b_scale is null";
   if ((p.residual == nullptr) != (p.gate == nullptr)) return "residual and gate go together";
+  if (p.activation != Fp8Activation::kNone && p.activation != Fp8Activation::kGeluTanh) return "unknown activation";
+  if (p.activation != Fp8Activation::kNone && p.residual != nullptr) {
+    return "an activation does not go with the gated residual";
+  }
   if (p.residual != nullptr) {
     if (p.batch_rows <= 0 || p.m % p.batch_rows != 0) return "batch_rows must be > 0 and divide m";
     if (p.residual_row_stride < p.n && p.m > 1) return "residual rows overlap (residual_row_stride < n)";

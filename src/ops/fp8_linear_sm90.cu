@@ -17,6 +17,7 @@
 // per consumer thread (register spills at this tile), and the 128 x 128 tiles that fit it ran
 // 800-1000 TFLOPS at the LTX shapes against 1140-1400 here (H100, measured when choosing). Its
 // error (1.5e-3 of the rms at k = 3072, measured) is small beside e4m3's own 2.6e-2.
+#include "core/activation.cuh"
 #include "ltx_kernels/fp8_linear.h"
 #include "ops/host_util.h"
 
@@ -40,11 +41,29 @@ namespace fusion = cutlass::epilogue::fusion;
 
 using host_util::kMaxDevices;
 
-// kGated: the gated residual of fp8_linear.h, a batched GEMM of m / batch_rows batches of
-// batch_rows rows (the weight shared by all: a static zero batch stride, which TMA drops), so
-// that the gate is a row broadcast per batch; the residual is the epilogue's source C.
-template <typename ElementOut, bool kGated>
+// GELU-tanh of each element of an epilogue fragment (core/activation.cuh's form, as every
+// GELU of the library), the node of fp8_linear's fused activation. (Sm90Compute instantiates
+// it for the fragment type; the scalar form only names its (no) arguments.)
+template <class T>
+struct GeluTanh {};
+template <int N>
+struct GeluTanh<cutlass::Array<float, N>> {
+  __device__ cutlass::Array<float, N> operator()(const cutlass::Array<float, N>& x) const {
+    cutlass::Array<float, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = core::gelu_tanh(x[i]);
+    return y;
+  }
+};
+
+// The epilogue forms of fp8_linear.h. kGatedResidual: a batched GEMM of m / batch_rows batches
+// of batch_rows rows (the weight shared by all: a static zero batch stride, which TMA drops),
+// so that the gate is a row broadcast per batch; the residual is the epilogue's source C.
+enum class Form { kPlain, kGeluTanh, kGatedResidual };
+
+template <typename ElementOut, Form kForm>
 struct Fp8Gemm {
+  static constexpr bool kGated = kForm == Form::kGatedResidual;
   using ElementAB = cutlass::float_e4m3_t;
   using TileShape = Shape<_128, _128, _128>;
   using ClusterShape = Shape<_1, _2, _1>;  // pairs of CTAs share (multicast) their A tiles
@@ -53,7 +72,8 @@ struct Fp8Gemm {
   using RowBatchStride = cute::conditional_t<kGated, int64_t, _0>;
 
   // out = (acc * a_scale[m]) * b_scale[n] + bias[n]: fp32, rounded once to ElementOut. A null
-  // bias pointer reads as zeros. Gated: out = residual + gate * (the same in fp32), rounded once.
+  // bias pointer reads as zeros. GELU: out = gelu_tanh(the same in fp32), rounded once. Gated:
+  // out = residual + gate * (the same in fp32), rounded once.
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   using AScale = fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, RowBatchStride>>;
   using BScale = fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, _0>>;
@@ -62,11 +82,12 @@ struct Fp8Gemm {
   using Multiply = fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
   using Scaled = fusion::Sm90EVT<Multiply, fusion::Sm90EVT<Multiply, fusion::Sm90AccFetch, AScale>, BScale>;
   using Plain = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, ElementOut, float, kRound>, Scaled, Bias>;
+  using Biased = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Scaled, Bias>;
+  using Gelu = fusion::Sm90EVT<fusion::Sm90Compute<GeluTanh, ElementOut, float, kRound>, Biased>;
   using Gated = fusion::Sm90EVT<
       fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementOut, float, kRound>,  // gate * y + residual
-      Gate, fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Scaled, Bias>,
-      fusion::Sm90SrcFetch<ElementOut>>;
-  using Epilogue = cute::conditional_t<kGated, Gated, Plain>;
+      Gate, Biased, fusion::Sm90SrcFetch<ElementOut>>;
+  using Epilogue = cute::conditional_t<kGated, Gated, cute::conditional_t<kForm == Form::kGeluTanh, Gelu, Plain>>;
   using ElementC = cute::conditional_t<kGated, ElementOut, void>;
   // [n, k] weight: column-major B; gated, with the batch stride a static zero.
   using LayoutB = cute::conditional_t<kGated, Stride<int64_t, _1, _0>, cutlass::layout::ColumnMajor>;
@@ -135,6 +156,9 @@ struct Fp8Gemm {
           {},
           {},
       };
+    } else if constexpr (kForm == Form::kGeluTanh) {
+      args.epilogue.dC = stride_d;  // no source: unread
+      args.epilogue.thread = {{scaled, {static_cast<const ElementOut*>(p.bias)}, {}}, {}};
     } else {
       args.epilogue.dC = stride_d;  // no source: unread
       args.epilogue.thread = {scaled, {static_cast<const ElementOut*>(p.bias)}, {}};
@@ -209,15 +233,17 @@ Device current_device() {
   return d;
 }
 
-// f(Fp8Gemm<out dtype, gated>{}) for p's output dtype and epilogue.
+// f(Fp8Gemm<out dtype, form>{}) for p's output dtype and epilogue.
 template <typename F>
 auto dispatch(const Fp8LinearParams& p, F&& f) {
-  const auto by_dtype = [&](auto gated) {
-    constexpr bool kGated = decltype(gated)::value;
-    return p.out_dtype == DType::kBFloat16 ? f(Fp8Gemm<cutlass::bfloat16_t, kGated>{})
-                                           : f(Fp8Gemm<cutlass::half_t, kGated>{});
+  const auto by_dtype = [&](auto form) {
+    constexpr Form kForm = decltype(form)::value;
+    return p.out_dtype == DType::kBFloat16 ? f(Fp8Gemm<cutlass::bfloat16_t, kForm>{})
+                                           : f(Fp8Gemm<cutlass::half_t, kForm>{});
   };
-  return p.residual != nullptr ? by_dtype(std::true_type{}) : by_dtype(std::false_type{});
+  if (p.residual != nullptr) return by_dtype(std::integral_constant<Form, Form::kGatedResidual>{});
+  if (p.activation == Fp8Activation::kGeluTanh) return by_dtype(std::integral_constant<Form, Form::kGeluTanh>{});
+  return by_dtype(std::integral_constant<Form, Form::kPlain>{});
 }
 
 }  // namespace

@@ -7,7 +7,7 @@ namespace ltx_kernels {
 ValidationError validate(const QuantizeParams& p) {
   if (p.rows < 0) return "rows must be >= 0";
   if (p.cols < 0) return "cols must be >= 0";
-  if (p.activation != QuantizeActivation::kNone && p.activation != QuantizeActivation::kGeluTanh)
+  if (p.activation != Fp8Activation::kNone && p.activation != Fp8Activation::kGeluTanh)
     return "unknown activation";
   if (p.rows == 0) return nullptr;
   if (p.scale == nullptr) return "scale is null";

@@ -21,10 +21,10 @@ constexpr int kThreads = 256;
 constexpr int kItems = 4;
 
 // The row's values in fp32: x, or the activation of x.
-template <QuantizeActivation ACT, typename T, int N>
+template <Fp8Activation ACT, typename T, int N>
 __device__ __forceinline__ Floats<N> values(const Vec<T, N>& v) {
   Floats<N> f = core::widen(v);
-  if constexpr (ACT == QuantizeActivation::kGeluTanh) {
+  if constexpr (ACT == Fp8Activation::kGeluTanh) {
 #pragma unroll
     for (int j = 0; j < N; ++j) f.v[j] = core::gelu_tanh(f.v[j]);
   }
@@ -35,24 +35,24 @@ __device__ __forceinline__ Floats<N> values(const Vec<T, N>& v) {
 // the inputs as loaded (half the registers of fp32), or, with an activation, its fp32 values:
 // computing GELU twice made the pass bound by the SFU, not by memory (H100, 16128 x 8192 in
 // bf16: 1.4 TB/s).
-template <QuantizeActivation ACT, typename T, int N>
+template <Fp8Activation ACT, typename T, int N>
 struct Kept {
   Vec<T, N> v;
   __device__ __forceinline__ void set(const Vec<T, N>& x) { v = x; }
   __device__ __forceinline__ Floats<N> get() const { return values<ACT>(v); }
 };
 template <typename T, int N>
-struct Kept<QuantizeActivation::kGeluTanh, T, N> {
+struct Kept<Fp8Activation::kGeluTanh, T, N> {
   Floats<N> f;
-  __device__ __forceinline__ void set(const Vec<T, N>& x) { f = values<QuantizeActivation::kGeluTanh>(x); }
+  __device__ __forceinline__ void set(const Vec<T, N>& x) { f = values<Fp8Activation::kGeluTanh>(x); }
   __device__ __forceinline__ Floats<N> get() const { return f; }
 };
 
 // With GELU, at least 5 blocks an SM (48 registers, 8 bytes spilled): one row per block at
 // 8192 columns and its fp32 values kept (Kept) took 57 registers, 4 blocks, too few rows'
 // loads in flight (H100, 16128 x 8192 bf16: 2.0 TB/s). 0: no bound for the plain pass.
-template <typename T, int N, int TPR, QuantizeActivation ACT>
-__global__ void __launch_bounds__(kThreads, ACT == QuantizeActivation::kGeluTanh ? 5 : 0)
+template <typename T, int N, int TPR, Fp8Activation ACT>
+__global__ void __launch_bounds__(kThreads, ACT == Fp8Activation::kGeluTanh ? 5 : 0)
     quantize_fp8_kernel(const QuantizeParams p) {
   constexpr int kRowsPerBlock = kThreads / TPR;
   __shared__ float scratch[core::kMaxWarpsPerBlock];
@@ -92,10 +92,10 @@ cudaError_t launch_tpr(const QuantizeParams& p, cudaStream_t stream) {
   const dim3 block(TPR, kRowsPerBlock);
   const int64_t blocks = host_util::ceil_div(p.rows, kRowsPerBlock);
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
-  if (p.activation == QuantizeActivation::kGeluTanh) {
-    quantize_fp8_kernel<T, N, TPR, QuantizeActivation::kGeluTanh><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+  if (p.activation == Fp8Activation::kGeluTanh) {
+    quantize_fp8_kernel<T, N, TPR, Fp8Activation::kGeluTanh><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
   } else {
-    quantize_fp8_kernel<T, N, TPR, QuantizeActivation::kNone><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
+    quantize_fp8_kernel<T, N, TPR, Fp8Activation::kNone><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

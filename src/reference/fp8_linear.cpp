@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ltx_kernels/fp8_linear.h"
+#include "reference/activation.h"
 #include "reference/convert.h"
 
 namespace ltx_kernels {
@@ -32,6 +33,7 @@ void reference(const Fp8LinearParams& p) {
       for (int64_t k = 0; k < p.k; ++k) acc += a[k] * b[n * p.k + k];
       float v = acc * p.a_scale[m] * p.b_scale[n];
       if (p.bias != nullptr) v += host::load(p.bias, n, p.out_dtype);
+      if (p.activation == Fp8Activation::kGeluTanh) v = static_cast<float>(host::gelu_tanh(v));
       if (p.residual != nullptr) {
         const float gate = host::load(p.gate, m / p.batch_rows * p.gate_batch_stride + n, p.out_dtype);
         v = host::load(p.residual, m * p.residual_row_stride + n, p.out_dtype) + gate * v;

@@ -16,7 +16,7 @@ void reference(const QuantizeParams& p) {
   for (int64_t row = 0; row < p.rows; ++row) {
     for (int64_t c = 0; c < p.cols; ++c) {
       const float x = host::load(p.x, row * p.x_row_stride + c, p.dtype);
-      values[c] = p.activation == QuantizeActivation::kGeluTanh ? static_cast<float>(host::gelu_tanh(x)) : x;
+      values[c] = p.activation == Fp8Activation::kGeluTanh ? static_cast<float>(host::gelu_tanh(x)) : x;
     }
     host::quantize_row(values.data(), p.cols, p.out + row * p.out_row_stride, p.scale + row);
   }

@@ -27,16 +27,16 @@ c10::SymDimVector row_shape(const at::Tensor& x) {
   return c10::SymDimVector(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
 }
 
-QuantizeActivation activation_of(c10::string_view activation) {
-  if (activation == "gelu_tanh") return QuantizeActivation::kGeluTanh;
-  TORCH_CHECK_VALUE(activation == "none", "quantize_fp8: activation must be 'none' or 'gelu_tanh', got '",
+Fp8Activation activation_of(c10::string_view activation, const char* op) {
+  if (activation == "gelu_tanh") return Fp8Activation::kGeluTanh;
+  TORCH_CHECK_VALUE(activation == "none", op, ": activation must be 'none' or 'gelu_tanh', got '",
                     std::string(activation), "'");
-  return QuantizeActivation::kNone;
+  return Fp8Activation::kNone;
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_fp8_meta(const at::Tensor& x, c10::string_view activation) {
   check_activation(x, "x");
-  activation_of(activation);
+  activation_of(activation, "quantize_fp8");
   return {at::empty_symint(x.sym_sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
           at::empty_symint(row_shape(x), x.options().dtype(at::kFloat))};
 }
@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8(const at::Tensor& x, c10::string
   if (rows.rows == 0) return {out, scale};
   QuantizeParams p;
   p.dtype = to_dtype(x.scalar_type());
-  p.activation = activation_of(activation);
+  p.activation = activation_of(activation, "quantize_fp8");
   p.rows = rows.rows;
   p.cols = rows.cols;
   p.x = rows.tensor.const_data_ptr();
@@ -138,8 +138,10 @@ void check_fp8_linear_gated_residual(const at::Tensor& x, const at::Tensor& x_sc
 }
 
 at::Tensor fp8_linear_meta(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
-                           const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+                           const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype,
+                           c10::string_view activation) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
+  activation_of(activation, "fp8_linear");
   return at::empty_symint(out_shape(x, weight), x.options().dtype(out_dtype));
 }
 
@@ -164,13 +166,15 @@ Fp8LinearParams params_of(const at::Tensor& a, const at::Tensor& x_scale, const 
 }
 
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
-                          const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
-  at::Tensor out = fp8_linear_meta(x, x_scale, weight, weight_scale, bias, out_dtype);
+                          const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype,
+                          c10::string_view activation) {
+  at::Tensor out = fp8_linear_meta(x, x_scale, weight, weight_scale, bias, out_dtype, activation);
   const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
   // (named: p points into them)
   const at::Tensor xs = x_scale.contiguous(), w = weight.contiguous(), ws = weight_scale.contiguous();
   const OptTensor b = bias ? std::optional(bias->contiguous()) : std::nullopt;
-  const Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
+  Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
+  p.activation = activation_of(activation, "fp8_linear");
   check_core(p, "fp8_linear");
   reference(p);
   return out;
@@ -210,28 +214,31 @@ at::Tensor fp8_linear_gated_residual_cpu(const at::Tensor& x, const at::Tensor& 
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-// fp32 accumulator [M, N] -> scaled, biased, rounded once.
+// fp32 accumulator [M, N] -> scaled, biased, activated, rounded once (the activation in
+// torch's form here: within the reference's tolerance, not bit for bit with our kernel).
 at::Tensor epilogue(const at::Tensor& acc, const at::Tensor& x_scale, const at::Tensor& weight_scale,
-                    const OptTensor& bias, at::ScalarType out_dtype) {
+                    const OptTensor& bias, at::ScalarType out_dtype, Fp8Activation activation) {
   at::Tensor out = acc * x_scale.reshape({-1, 1}) * weight_scale.reshape({1, -1});
   if (bias) out.add_(bias->to(at::kFloat));
+  if (activation == Fp8Activation::kGeluTanh) out = at::gelu(out, "tanh");
   return out.to(out_dtype);
 }
 
 // cuBLASLt's FP8 GEMM (torch._scaled_mm): the GPUs and shapes our kernel does not take.
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& x_scale, const at::Tensor& weight,
-                     const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+                     const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype,
+                     Fp8Activation activation) {
   const at::Tensor b = weight.t();  // [K, N] column-major, as cuBLASLt wants
-  if (out_dtype == at::kBFloat16) {
+  if (out_dtype == at::kBFloat16 && activation == Fp8Activation::kNone) {
     // Row-wise scales are applied in the GEMM epilogue (bf16 output only).
     return at::_scaled_mm(a, b, x_scale.reshape({-1, 1}), weight_scale.reshape({1, -1}), bias, std::nullopt,
                           out_dtype);
   }
-  // fp16 / fp32 outputs: an fp32 accumulator with unit scales, then the epilogue in torch ops
-  // (one more pass over the output).
+  // fp16 / fp32 outputs, or an activation: an fp32 accumulator with unit scales, then the
+  // epilogue in torch ops (more passes over the output).
   const at::Tensor one = at::ones({}, x_scale.options());
   return epilogue(at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, at::kFloat), x_scale, weight_scale,
-                  bias, out_dtype);
+                  bias, out_dtype, activation);
 }
 
 #ifdef LTX_KERNELS_SM90A
@@ -268,23 +275,26 @@ bool launch_ours(Fp8LinearParams& p, const at::Tensor& x, const char* op) {
 #endif
 
 at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
-                           const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype) {
+                           const at::Tensor& weight_scale, const OptTensor& bias, at::ScalarType out_dtype,
+                           c10::string_view activation_name) {
   check_fp8_linear(x, x_scale, weight, weight_scale, bias, out_dtype);
+  const Fp8Activation activation = activation_of(activation_name, "fp8_linear");
   check_compute_capability(x, 89, "fp8_linear", "has no FP8 tensor cores (Ada, Hopper have them)");
   // cuBLASLt and our kernel load 16-byte aligned rows; a misaligned view is copied once.
   const at::Tensor a = aligned16(x.reshape({-1, x.size(-1)}).contiguous()), w = aligned16(weight);
   const at::Tensor xs = x_scale.reshape({-1}).contiguous(), ws = weight_scale.contiguous();
   if (a.size(0) == 0 || a.size(1) == 0) {
     // No k: the accumulator is 0, the output the epilogue of 0 (the bias, NaN for a NaN scale).
-    return epilogue(at::zeros({a.size(0), w.size(0)}, xs.options()), xs, ws, bias, out_dtype)
+    return epilogue(at::zeros({a.size(0), w.size(0)}, xs.options()), xs, ws, bias, out_dtype, activation)
         .view_symint(out_shape(x, weight));
   }
 #ifdef LTX_KERNELS_SM90A
   at::Tensor out = at::empty({a.size(0), w.size(0)}, x.options().dtype(out_dtype));
   Fp8LinearParams p = params_of(a, xs, w, ws, bias, out);
+  p.activation = activation;
   if (launch_ours(p, x, "fp8_linear")) return out.view_symint(out_shape(x, weight));
 #endif
-  return scaled_mm(a, xs, w, ws, bias, out_dtype).view_symint(out_shape(x, weight));
+  return scaled_mm(a, xs, w, ws, bias, out_dtype, activation).view_symint(out_shape(x, weight));
 }
 
 at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
@@ -311,7 +321,7 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
   // Other GPUs and shapes: the linear's fp32 output (cuBLASLt), then the residual in fp32,
   // rounded once as the fused kernel does.
   const OptTensor bias32 = bias ? std::optional(bias->to(at::kFloat)) : std::nullopt;
-  const at::Tensor y = fp8_linear_cuda(x, x_scale, weight, weight_scale, bias32, at::kFloat);
+  const at::Tensor y = fp8_linear_cuda(x, x_scale, weight, weight_scale, bias32, at::kFloat, "none");
   return (residual.to(at::kFloat) + gate.to(at::kFloat) * y).to(dtype).contiguous();
 }
 #endif

@@ -112,10 +112,11 @@ LTX_KERNELS_LIBRARY(m) {
                     " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_target, Tensor grad_bias)");
   // FP8 linear path (quantize.cpp): rows to float8 e4m3 with one fp32 scale per row (of x or
   // of an activation of x: 'none' or 'gelu_tanh'), and the GEMM of two such operands (weight
-  // [N, K] quantized per output channel).
+  // [N, K] quantized per output channel; 'gelu_tanh' applied to its fp32 result, a
+  // feed-forward's up projection).
   def("quantize_fp8(Tensor x, str activation='none') -> (Tensor q, Tensor scale)");
   def("fp8_linear(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
-      " ScalarType out_dtype) -> Tensor");
+      " ScalarType out_dtype, str activation='none') -> Tensor");
   // residual + gate * fp8_linear(x, ...) rounded once to residual's dtype: x [B, S, K], residual
   // [B, S, N], gate [B, 1, N] or [N] (a DiT block's gated residual, written by the GEMM).
   def("fp8_linear_gated_residual(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"

@@ -127,6 +127,34 @@ TEST(Fp8LinearReference, GatedResidualPerBatchOfRows) {
   EXPECT_NE(validate(p), nullptr);
 }
 
+TEST(Fp8LinearReference, GeluTanhOfTheFp32Result) {
+  // y = acc * a_scale * b_scale + bias in fp32, then gelu_tanh(y) = y / (1 + exp(-2u)),
+  // u = sqrt(2 / pi) (y + 0.044715 y^3), rounded once (here to fp32).
+  const std::vector<uint8_t> a = e4m3({1, -3}), b = e4m3({1.5f, 0.25f});
+  const std::vector<float> a_scale = {1, 1}, b_scale = {1, 2}, bias = {0.5f, -1};
+  std::vector<float> out(4, -7.0f);
+  Fp8LinearParams p = float_linear(2, 2, 1, a, 1, b, a_scale, b_scale, bias, out, 2);
+  p.activation = Fp8Activation::kGeluTanh;
+  ASSERT_EQ(validate(p), nullptr);
+  reference(p);
+  const double y[4] = {2.0, -0.5, -4.0, -2.5};  // [1 * 1.5 + 0.5, 1 * 0.5 - 1], [-4.5 + 0.5, -1.5 - 1]
+  for (int i = 0; i < 4; ++i) {
+    const double u = std::sqrt(2.0 / M_PI) * (y[i] + 0.044715 * y[i] * y[i] * y[i]);
+    EXPECT_FLOAT_EQ(out[i], static_cast<float>(y[i] / (1.0 + std::exp(-2.0 * u)))) << i;
+  }
+  EXPECT_LT(out[2], 0.0f);  // GELU of -4: small and negative, not 0 (no cancellation in 1 + tanh)
+
+  p.residual = out.data();  // not with the gated residual
+  p.gate = bias.data();
+  p.residual_row_stride = 2;
+  p.batch_rows = 1;
+  EXPECT_NE(validate(p), nullptr);
+  p.residual = nullptr;
+  p.gate = nullptr;
+  p.activation = static_cast<Fp8Activation>(7);
+  EXPECT_NE(validate(p), nullptr);
+}
+
 TEST(Fp8LinearReference, ValidateNamesWhatIsWrong) {
   Fp8LinearParams p;
   p.m = p.n = p.k = 4;

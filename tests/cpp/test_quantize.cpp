@@ -60,7 +60,7 @@ TEST(QuantizeReference, GeluTanhIsAppliedBeforeTheScale) {
   std::vector<uint8_t> out(3);
   float scale = 0.0f;
   QuantizeParams p;
-  p.activation = QuantizeActivation::kGeluTanh;
+  p.activation = Fp8Activation::kGeluTanh;
   p.rows = 1;
   p.cols = 3;
   p.x = x.data();
@@ -85,7 +85,7 @@ TEST(QuantizeValidate, RejectsBadParams) {
   p.rows = -1;
   EXPECT_STREQ(validate(p), "rows must be >= 0");
   p.rows = 2;
-  p.activation = static_cast<QuantizeActivation>(7);
+  p.activation = static_cast<Fp8Activation>(7);
   EXPECT_STREQ(validate(p), "unknown activation");
 }
 

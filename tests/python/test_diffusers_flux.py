@@ -217,19 +217,23 @@ def test_fp8_projections_share_quantizations_and_gemms_write_gated_residuals(mon
     stock = tiny_flux()
     model = copy.deepcopy(stock)
     inject_quietly(model, precision="fp8")
+    gelus = []
     got, unfused, calls, fused, passes = fp8_fused_run(
-        model, flux_kwargs(), monkeypatch, ("attn", "proj_mlp", "proj_out", "to_out.0", "to_add_out", "ff", "ff_context"))
+        model, flux_kwargs(), monkeypatch, ("attn", "proj_mlp", "proj_out", "to_out.0", "to_add_out", "ff", "ff_context"),
+        gelus)
     with torch.no_grad():
         reference = stock(**flux_kwargs())[0]
     assert len(fused) == 10 and not passes
     # per double block: q/k/v of each stream, the two output projections' inputs, each FF's
-    # input and its GELU-quantized hidden; per single block: the shared input, proj_out's; and
-    # one for each other FP8 linear (embedders, the AdaLN modulations' linears), called once
+    # input and its hidden values (their GELU in the up projection's GEMM); per single block:
+    # the shared input, proj_out's; and one for each other FP8 linear (embedders, the AdaLN
+    # modulations' linears), called once
     blocks = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
               "net.0.proj", "net.2", "proj_mlp", "proj_out")
     others = [n for n, m in model.named_modules() if _fp8.is_quantized(m) and not n.endswith(blocks)]
     assert len(others) == 12
-    assert len(calls) == len(others) + 2 * 8 + 2 * 2 and calls.count("gelu_tanh") == 2 * 2, calls
+    assert len(calls) == len(others) + 2 * 8 + 2 * 2 and calls.count("gelu_tanh") == 0, calls
+    assert gelus == ["gelu_tanh"] * 2 * 2
     # the norms write their outputs quantized: per double block norm1, norm1_context and both
     # FFs' norms, per single block its norm
     assert calls.count("adaln_layer_norm_fp8") == 2 * 4 + 2 * 1, calls
@@ -258,7 +262,8 @@ def test_fp8_single_block_out_projection_is_two_gemms_in_bf16(monkeypatch):
     activations = []
     for block in model.single_transformer_blocks:
         block.act_mlp.register_forward_hook(lambda m, i, o: activations.append(m))
-    calls = count_quantizations(monkeypatch)
+    gelus = []
+    calls = count_quantizations(monkeypatch, gelus)
     fused = []
     gemm = _fp8.ops.fp8_linear_gated_residual
     monkeypatch.setattr(flux.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
@@ -272,7 +277,8 @@ def test_fp8_single_block_out_projection_is_two_gemms_in_bf16(monkeypatch):
         weight = block.proj_out.weight  # [64, 64 + 256]: the attention's 64 columns, the MLP's 256
         assert first.data_ptr() == weight.data_ptr() and first.shape == (64, 64)
         assert second.data_ptr() == weight.data_ptr() + 64 and second.shape == (64, 256)
-    assert calls.count("gelu_tanh") == 2 * 2 + 2, calls  # each FF's hidden, each single block's MLP
+    # the GELU of each single block's MLP in its quantization, each FF's in its up projection
+    assert calls.count("gelu_tanh") == 2 and gelus == ["gelu_tanh"] * 2 * 2, calls
     assert 0 < rel_err(got, reference) < 5e-2
     assert rel_err(got, one_gemm) < 2e-2  # each part's own row scales; the first sum rounded once more
 

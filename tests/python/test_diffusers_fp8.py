@@ -64,16 +64,19 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
 
 def test_fp8_quantizes_each_activation_once(monkeypatch):
     """Per block: attn1's q/k/v share one quantization, written by norm1 itself; attn2's q and
-    the two attention outputs take one each; the FF's input is written quantized by norm2 and
-    its GELU is fused into the down projection's: 6 quantizations for 8 FP8 linears, 4 of them
-    standalone quantize_fp8 passes (attn2's text k/v stay in the model's dtype)."""
+    the two attention outputs take one each; the FF's input is written quantized by norm2, its
+    GELU computed in the up projection's GEMM epilogue, and its hidden values quantized plainly
+    for the down projection: 6 quantizations for 8 FP8 linears, 4 of them standalone
+    quantize_fp8 passes (attn2's text k/v stay in the model's dtype)."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
-    calls = count_quantizations(monkeypatch)
+    activations = []
+    calls = count_quantizations(monkeypatch, activations)
     with torch.no_grad():
         model(**step_kwargs(model, "interpolation_scale", per_token=False))
     blocks = len(model.transformer_blocks)
-    assert len(calls) == 6 * blocks and calls.count("gelu_tanh") == blocks
+    assert len(calls) == 6 * blocks and calls.count("gelu_tanh") == 0
+    assert activations == ["gelu_tanh"] * blocks
     assert calls.count("adaln_rms_norm_fp8") == calls.count("gated_residual_adaln_rms_norm_fp8") == blocks
 
 

@@ -34,11 +34,11 @@ def torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf * inv[..., None]).to(FP8), amax / fp8_max
 
 
-def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...]):
+def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...], gemm_activations=None):
     """One forward of an FP8-injected ``model``, recorded: ``(out, unfused, quantizations,
     GEMM-written residuals, gated_residual passes)``; ``unfused`` is the output of a copy with a
     forward hook on every module whose name ends in one of ``fused_modules`` (each then runs as
-    a module: those fusions off)."""
+    a module: those fusions off). ``gemm_activations``: as :func:`count_quantizations`."""
     from ltx_kernels import _fp8
 
     with torch.no_grad():
@@ -47,7 +47,7 @@ def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...]):
             if name.endswith(fused_modules):
                 m.register_forward_hook(lambda module, args, output: None)
         unfused = unfused_model(**kwargs)[0]
-    calls, fused, passes = count_quantizations(monkeypatch), [], []
+    calls, fused, passes = count_quantizations(monkeypatch, gemm_activations), [], []
     gemm, residual = _fp8.ops.fp8_linear_gated_residual, _fp8.ops.gated_residual
     monkeypatch.setattr(_fp8.ops, "fp8_linear_gated_residual", lambda *args: fused.append(args) or gemm(*args))
     monkeypatch.setattr(_fp8.ops, "gated_residual", lambda *args: passes.append(args) or residual(*args))
@@ -56,10 +56,11 @@ def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...]):
     return out, unfused, calls, fused, passes
 
 
-def count_quantizations(monkeypatch) -> list[str]:
+def count_quantizations(monkeypatch, gemm_activations: list | None = None) -> list[str]:
     """Records, through the integrations' ops module, each quantization of an activation: an
     explicit quantize_fp8 (its activation), one inside fp8_linear for a float input, or a
-    norm's FP8 output (the norm op's name)."""
+    norm's FP8 output (the norm op's name). ``gemm_activations``, if given, receives the
+    activation of each fp8_linear that applies one in its epilogue (a feed-forward's GELU)."""
     from ltx_kernels import _fp8
 
     calls = []
@@ -79,6 +80,8 @@ def count_quantizations(monkeypatch) -> list[str]:
     def counting_linear(x, *args, x_scale=None, **kwargs):
         if x_scale is None:
             calls.append("none")
+        if gemm_activations is not None and kwargs.get("activation", "none") != "none":
+            gemm_activations.append(kwargs["activation"])
         return linear(x, *args, x_scale=x_scale, **kwargs)
 
     monkeypatch.setattr(_fp8.ops, "quantize_fp8", counting_quantize)
@@ -207,6 +210,68 @@ def test_fp8_linear_batched_and_prequantized(device):
     out = ltx_kernels.fp8_linear(qx, qw, sw, x_scale=sx)
     assert out.shape == (2, 5, 16) and out.dtype == torch.bfloat16
     assert torch.equal(out, ltx_kernels.fp8_linear(x, qw, sw))
+
+
+def assert_gelu_of(out, pre, dtype, rtol, atol):
+    """out == gelu_tanh(pre) within the error of pre (rtol of each element, atol absolute; GELU's
+    slope is at most 1.13) plus one rounding of out to dtype; in blocks of rows (the fp64
+    temporaries of a [16128, 8192] output would take GiBs)."""
+    for r in range(0, out.shape[0], 1024):
+        o, p = out[r:r + 1024].double(), pre[r:r + 1024]
+        ref = gelu_tanh_formula(p)
+        bound = 1.13 * (rtol * p.abs() + atol) + torch.finfo(dtype).eps * ref.abs() + torch.finfo(dtype).tiny
+        excess = (o - ref).abs() - bound
+        assert excess.max().item() <= 0, (r, excess.argmax().item(), excess.max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, k, n", [(0, 16, 32), (1, 16, 16), (7, 64, 48), (67, 256, 160)])
+def test_fp8_linear_gelu_tanh_is_the_gelu_of_its_fp32_result(device, dtype, rows, k, n):
+    """activation='gelu_tanh' (a feed-forward's up projection): GELU of the scaled, biased fp32
+    result, then the one rounding; every element checked."""
+    x = torch.randn(rows, k, device=device, dtype=dtype)
+    w = torch.randn(n, k, device=device, dtype=dtype) * 4 / k**0.5  # pre-activations of a few units
+    bias = torch.randn(n, device=device, dtype=dtype)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    out = ltx_kernels.fp8_linear(x, qw, sw, bias, activation="gelu_tanh")
+    assert out.dtype == dtype and out.shape == (rows, n)
+    pre = dequantized_reference(x, w, bias)
+    rms = pre.norm().item() / max(pre.numel(), 1) ** 0.5
+    # the plain product's tolerance (test above): fp32's summation order on the CPU, the FP8
+    # accumulator on the GPU
+    tol = fp8_accumulator_error(k) if device == "cuda" else 2 * TOLERANCE[torch.float32]
+    assert_gelu_of(out, pre, dtype, tol, tol * rms)
+
+
+def test_fp8_linear_activation_and_its_errors():
+    x = torch.randn(3, 32)
+    qw, sw = ltx_kernels.quantize_fp8(torch.randn(16, 32))
+    with pytest.raises(ValueError, match="fp8_linear: activation must be 'none' or 'gelu_tanh', got 'relu'"):
+        ltx_kernels.fp8_linear(x, qw, sw, activation="relu")
+    with pytest.raises(ValueError, match="fp8_linear: activation must be"):  # the op itself, on Meta
+        meta = [t.to("meta") for t in (*ltx_kernels.quantize_fp8(x), qw, sw)]
+        ops.fp8_linear(*meta, None, torch.bfloat16, "gelu")
+    # 'none' is the plain product, bit for bit
+    assert torch.equal(ltx_kernels.fp8_linear(x, qw, sw, activation="none"), ltx_kernels.fp8_linear(x, qw, sw))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, k, n", [(16128, 2048, 8192), (1000, 3072, 3072), (5, 4096, 2048)])
+def test_fp8_linear_gelu_tanh_cuda(rows, k, n, dtype):
+    """The GELU in our Hopper kernel's epilogue (LTX-2B's up projection at 161 frames) and after
+    cuBLASLt's fp32 output (the smaller shapes): each element within the FP8 product's error
+    through GELU's slope, plus one rounding."""
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) * 4 / k**0.5
+    bias = torch.randn(n, device="cuda", dtype=dtype)
+    qx, sx = ltx_kernels.quantize_fp8(x)
+    qw, sw = ltx_kernels.quantize_fp8(w)
+    out = ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx, activation="gelu_tanh")
+    pre = (qx.double() * sx.double()[:, None]) @ (qw.double() * sw.double()[:, None]).T + bias.double()
+    rms = pre.norm().item() / pre.numel() ** 0.5
+    assert_gelu_of(out, pre, dtype, fp8_accumulator_error(k), fp8_accumulator_error(k) * rms)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")

@@ -103,6 +103,8 @@ CASES = [
      lambda v: ltx_kernels.quantize_fp8(torch.randn(2, 16), activation=v), "gelu_tanh"),
     ("fp8_linear", "out_dtype", "dtype",
      lambda v: ltx_kernels.fp8_linear(torch.randn(2, 16), W8, W8_SCALE, out_dtype=v), torch.float32),
+    ("fp8_linear", "activation", ("none", "gelu_tanh"),
+     lambda v: ltx_kernels.fp8_linear(torch.randn(2, 16), W8, W8_SCALE, activation=v), "gelu_tanh"),
     ("attention", "scale", "optional_real", lambda v: ltx_kernels.attention(X[None], X[None], X[None], scale=v), 0.5),
     ("attention", "precision", ("bf16", "8bit"),
      lambda v: ltx_kernels.attention(X[None], X[None], X[None], precision=v), "8bit"),
