@@ -160,8 +160,9 @@ def inject(
       :func:`remove` gives each processor back what it had. On CUDA the kernel takes bf16/fp16
       with head dim 64 or 128 (others raise at the call, naming the backend); forward-only; it
       works with Ulysses context parallelism, not ring attention (refused here). On an H100
-      the exact kernel is 1.05-1.16x SDPA's cuDNN backend at head dim 64 (LTX's shapes, two runs),
-      0.85-0.98x at 128 (benchmarks/results/h100/attention.md).
+      the exact kernel is 1.13-1.19x SDPA's cuDNN backend at head dim 64 (LTX's shapes), 0.92-0.98x
+      at 128 (benchmarks/results/h100/attention.md); an LTX-2B step at 161 frames with FP8
+      linears takes 121.8 ms with it, 131.2 with SDPA.
 
     ``rope`` picks the RoPE angles of LTX-Video and of LTX-2's video self-attention (its audio
     and cross-modal RoPEs, one axis each, always take diffusers' tables):
