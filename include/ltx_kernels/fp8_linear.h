@@ -11,7 +11,8 @@
 // feed-forward down projections, written straight into the residual stream):
 //   out[m, n] = residual[m, n] + gate[m / batch_rows, n] * (the above)   (fp32), rounded once
 // residual and gate in out_dtype; one gate row per batch of batch_rows consecutive rows (the
-// AdaLN gate of a [B, S, N] activation: batch_rows = S).
+// AdaLN gate of a [B, S, N] activation: batch_rows = S). No gate (nullptr): a gate of ones,
+// out = residual + the above (an ungated residual, e.g. LTX's text cross-attention).
 //
 // With activation kGeluTanh (a feed-forward's up projection; not with the gated residual):
 //   out[m, n] = gelu_tanh(the above)                   (fp32), rounded once
@@ -44,10 +45,10 @@ struct Fp8LinearParams {
   const void* bias = nullptr;      // [n] in out_dtype, or nullptr
   void* out = nullptr;             // [m, n], row stride out_row_stride
   int64_t out_row_stride = 0;
-  // The gated residual: both or neither.
+  // The gated residual: a residual, and a gate or none (ones); no gate without a residual.
   const void* residual = nullptr;  // [m, n], row stride residual_row_stride
   int64_t residual_row_stride = 0;
-  const void* gate = nullptr;      // [m / batch_rows, n], row stride gate_batch_stride
+  const void* gate = nullptr;      // [m / batch_rows, n], row stride gate_batch_stride, or nullptr
   int64_t gate_batch_stride = 0;
   int64_t batch_rows = 0;          // rows per gate row, > 0 and dividing m
   Fp8Activation activation = Fp8Activation::kNone;

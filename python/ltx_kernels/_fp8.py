@@ -169,19 +169,21 @@ def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: tor
 
 
 def matmul_gated_residual(q: torch.Tensor, scale: torch.Tensor, linear: nn.Linear, residual: torch.Tensor,
-                          gate: torch.Tensor) -> torch.Tensor:
+                          gate: torch.Tensor | None) -> torch.Tensor:
     """``residual + gate * linear(x)`` for an ``x`` quantized as ``(q, scale)``, one
-    :func:`ops.fp8_linear_gated_residual` (a gate that :func:`fuses_gated_residual`)."""
+    :func:`ops.fp8_linear_gated_residual` (a gate that :func:`fuses_gated_residual`; None:
+    ``residual + linear(x)``)."""
     return ops.fp8_linear_gated_residual(q, scale, linear.weight, linear.weight_scale, bias_of(linear, residual.dtype),
                                          residual, gate)
 
 
-def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor) -> bool:
+def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor | None) -> bool:
     """Whether ``residual + gate * linear(...)`` can be one :func:`ops.fp8_linear_gated_residual`:
-    a ``[B, S, N]`` residual and a gate of one row per sample (``[B, 1, N]``; per-token gates,
+    a ``[B, S, N]`` residual and no gate or one row per sample (``[B, 1, N]``; per-token gates,
     e.g. image-to-video's, take the linear and ``gated_residual``) in the residual's dtype."""
-    return (residual.dim() == 3 and gate.dim() == 3 and gate.size(1) == 1 and gate.size(0) == residual.size(0)
-            and gate.dtype == residual.dtype)
+    return residual.dim() == 3 and (gate is None or (gate.dim() == 3 and gate.size(1) == 1
+                                                      and gate.size(0) == residual.size(0)
+                                                      and gate.dtype == residual.dtype))
 
 
 class Quantized(NamedTuple):
@@ -249,7 +251,7 @@ def context_takes_quantized(attn: nn.Module) -> bool:
             and take_quantized((attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)))
 
 
-def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: torch.Tensor,
+def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: torch.Tensor | None,
                               dropout: nn.Module | None = None) -> bool:
     """Whether ``residual + gate * dropout(linear(x))`` can be one FP8 GEMM
     (:func:`matmul_gated_residual`): ``linear`` is our FP8 linear and the dropout (if any) does
@@ -259,24 +261,28 @@ def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: t
                                      and dropout_is_identity(dropout))))
 
 
-def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor) -> bool:
+def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor | None) -> bool:
     """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
     (:func:`projection_fuses_residual` of the output projection and its dropout)."""
     return projection_fuses_residual(attn.to_out[0], residual, gate, attn.to_out[1])
 
 
+def attention_fuses_residual(attn: nn.Module, processor: type, residual: torch.Tensor,
+                             gate: torch.Tensor | None) -> bool:
+    """Whether :func:`attention_residual` has the output projection's FP8 GEMM write the sum:
+    ``attn`` runs our ``processor`` unhooked and :func:`out_projection_fuses_residual`."""
+    return (isinstance(attn.processor, processor) and runs_unhooked(attn) and is_quantized(attn.to_out[0])
+            and out_projection_fuses_residual(attn, residual, gate))
+
+
 def attention_residual(attn: nn.Module, processor: type, residual: torch.Tensor, gate: torch.Tensor | None,
                        *args, **kwargs) -> torch.Tensor:
     """``residual + gate * attn(*args, **kwargs)`` (no gate: ``residual + attn(...)``). Where
-    ``attn`` runs our ``processor`` unhooked and :func:`out_projection_fuses_residual`, the
-    processor's ``attention()`` gives the heads and the output projection's FP8 GEMM writes the
-    sum (a gate of ones where there is none); else the module, then ``gated_residual``."""
-    if isinstance(attn.processor, processor) and runs_unhooked(attn) and is_quantized(attn.to_out[0]):
-        # (no gate of ones made for a bf16 model)
-        gemm_gate = gate if gate is not None else residual.new_ones(residual.size(0), 1, residual.size(-1))
-        if out_projection_fuses_residual(attn, residual, gemm_gate):
-            heads = attn.processor.attention(attn, *args, **kwargs)
-            return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gemm_gate)
+    :func:`attention_fuses_residual`, the processor's ``attention()`` gives the heads and the
+    output projection's FP8 GEMM writes the sum; else the module, then ``gated_residual``."""
+    if attention_fuses_residual(attn, processor, residual, gate):
+        heads = attn.processor.attention(attn, *args, **kwargs)
+        return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gate)
     return ops.gated_residual(residual, attend(attn, *args, **kwargs), gate)
 
 

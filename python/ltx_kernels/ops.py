@@ -367,14 +367,16 @@ def fp8_linear_gated_residual(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     residual: torch.Tensor,
-    gate: torch.Tensor,
+    gate: torch.Tensor | None,
 ) -> torch.Tensor:
     """``residual + gate * fp8_linear(x, weight, weight_scale, bias, x_scale=x_scale)`` in fp32,
     rounded once to ``residual``'s dtype: a DiT block's gated residual update written by the GEMM
     itself (on Hopper, the epilogue reads the residual and writes the new one: the linear's
     output never goes to memory). ``x`` ``[B, S, K]`` float8_e4m3fn with ``x_scale`` ``[B, S]``
     (:func:`quantize_fp8`, or a norm's FP8 output), ``residual`` ``[B, S, N]``, ``gate``
-    ``[B, 1, N]`` or ``[N]`` and ``bias`` in ``residual``'s dtype. Forward-only."""
+    ``[B, 1, N]`` or ``[N]`` and ``bias`` in ``residual``'s dtype; ``gate=None``: no gate,
+    ``residual + fp8_linear(...)`` (an ungated residual, e.g. a text cross-attention's).
+    Forward-only."""
     return _ops.fp8_linear_gated_residual(x, x_scale, weight, weight_scale, bias, residual, gate)
 
 

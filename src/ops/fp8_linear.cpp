@@ -10,7 +10,7 @@ ValidationError validate(const Fp8LinearParams& p) {
   if (p.out == nullptr) return "out is null";
   if (p.out_row_stride < p.n && p.m > 1) return "out rows overlap (out_row_stride < n)";
   if (p.a_scale == nullptr || p.b_scale == nullptr) return "a_scale or b_scale is null";
-  if ((p.residual == nullptr) != (p.gate == nullptr)) return "residual and gate go together";
+  if (p.gate != nullptr && p.residual == nullptr) return "a gate needs a residual";
   if (p.activation != Fp8Activation::kNone && p.activation != Fp8Activation::kGeluTanh) return "unknown activation";
   if (p.activation != Fp8Activation::kNone && p.residual != nullptr) {
     return "an activation does not go with the gated residual";

@@ -73,7 +73,7 @@ struct Fp8Gemm {
 
   // out = (acc * a_scale[m]) * b_scale[n] + bias[n]: fp32, rounded once to ElementOut. A null
   // bias pointer reads as zeros. GELU: out = gelu_tanh(the same in fp32), rounded once. Gated:
-  // out = residual + gate * (the same in fp32), rounded once.
+  // out = residual + gate * (the same in fp32), rounded once (no gate: ones).
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   using AScale = fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, RowBatchStride>>;
   using BScale = fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, _0>>;
@@ -151,7 +151,8 @@ struct Fp8Gemm {
       args.epilogue.ptr_C = static_cast<const ElementOut*>(p.residual);
       args.epilogue.dC = StrideC(make_stride(p.residual_row_stride, _1{}, batch_stride(p.residual_row_stride)));
       args.epilogue.thread = {
-          {static_cast<const ElementOut*>(p.gate), ElementOut(0), {_0{}, _1{}, p.gate_batch_stride}},
+          // (no gate: a null row pointer reads as the broadcast of this default, ones)
+          {static_cast<const ElementOut*>(p.gate), ElementOut(1), {_0{}, _1{}, p.gate_batch_stride}},
           {scaled, {static_cast<const ElementOut*>(p.bias)}, {}},
           {},
           {},

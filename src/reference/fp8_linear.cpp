@@ -35,7 +35,8 @@ void reference(const Fp8LinearParams& p) {
       if (p.bias != nullptr) v += host::load(p.bias, n, p.out_dtype);
       if (p.activation == Fp8Activation::kGeluTanh) v = static_cast<float>(host::gelu_tanh(v));
       if (p.residual != nullptr) {
-        const float gate = host::load(p.gate, m / p.batch_rows * p.gate_batch_stride + n, p.out_dtype);
+        const float gate =
+            p.gate != nullptr ? host::load(p.gate, m / p.batch_rows * p.gate_batch_stride + n, p.out_dtype) : 1.0f;
         v = host::load(p.residual, m * p.residual_row_stride + n, p.out_dtype) + gate * v;
       }
       host::store(p.out, m * p.out_row_stride + n, p.out_dtype, v);

@@ -107,10 +107,10 @@ c10::SymDimVector out_shape(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // fp8_linear_gated_residual: x [B, S, K], residual [B, S, N] (its dtype is the output's, and
-// bias's and gate's), gate [B, 1, N] or [N]: one gate row per batch of S rows.
+// bias's and gate's), gate [B, 1, N] or [N]: one gate row per batch of S rows; or none (ones).
 void check_fp8_linear_gated_residual(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                                      const at::Tensor& weight_scale, const OptTensor& bias,
-                                     const at::Tensor& residual, const at::Tensor& gate) {
+                                     const at::Tensor& residual, const OptTensor& maybe_gate) {
   constexpr const char* op = "fp8_linear_gated_residual";
   TORCH_CHECK_VALUE(x.dim() == 3, op, ": x must be [B, S, K], got ", dims_str(x.sym_sizes()));
   const at::ScalarType dtype = residual.scalar_type();
@@ -123,6 +123,8 @@ void check_fp8_linear_gated_residual(const at::Tensor& x, const at::Tensor& x_sc
   const c10::SymDimVector shape = out_shape(x, weight);
   TORCH_CHECK_VALUE(residual.sym_sizes() == c10::SymIntArrayRef(shape), op, ": residual must be [B, S, N] = ",
                     dims_str(shape), " (x's rows, weight's N), got ", dims_str(residual.sym_sizes()));
+  if (!maybe_gate) return;
+  const at::Tensor& gate = *maybe_gate;
   TORCH_CHECK_TYPE(gate.scalar_type() == dtype, op, ": gate must have residual's dtype ", residual.scalar_type(),
                    ", got ", gate.scalar_type());
   TORCH_CHECK_VALUE(gate.device() == x.device(), op, ": gate must be on x's device ", device_str(x.device()),
@@ -182,29 +184,31 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& x_scale, const 
 
 at::Tensor fp8_linear_gated_residual_meta(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                                           const at::Tensor& weight_scale, const OptTensor& bias,
-                                          const at::Tensor& residual, const at::Tensor& gate) {
+                                          const at::Tensor& residual, const OptTensor& gate) {
   check_fp8_linear_gated_residual(x, x_scale, weight, weight_scale, bias, residual, gate);
   return at::empty_symint(out_shape(x, weight), residual.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-// The gated residual's fields of p: residual rows r, gate rows of S = x.size(1) rows each.
-void set_gated_residual(Fp8LinearParams& p, const at::Tensor& x, const at::Tensor& r, const at::Tensor& gate) {
+// The gated residual's fields of p: residual rows r, gate rows of S = x.size(1) rows each (no
+// gate: ones).
+void set_gated_residual(Fp8LinearParams& p, const at::Tensor& x, const at::Tensor& r, const OptTensor& gate) {
   p.residual = r.const_data_ptr();
   p.residual_row_stride = r.stride(0);
-  p.gate = gate.const_data_ptr();
-  p.gate_batch_stride = gate.dim() == 3 ? gate.stride(0) : 0;
+  p.gate = gate ? gate->const_data_ptr() : nullptr;
+  p.gate_batch_stride = gate && gate->dim() == 3 ? gate->stride(0) : 0;
   p.batch_rows = x.size(1);
 }
 
 at::Tensor fp8_linear_gated_residual_cpu(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                                          const at::Tensor& weight_scale, const OptTensor& bias,
-                                         const at::Tensor& residual, const at::Tensor& gate) {
+                                         const at::Tensor& residual, const OptTensor& gate) {
   at::Tensor out = fp8_linear_gated_residual_meta(x, x_scale, weight, weight_scale, bias, residual, gate);
   if (out.numel() == 0) return out;
   const at::Tensor a = x.reshape({-1, x.size(-1)}).contiguous();
   // (named: p points into them)
   const at::Tensor xs = x_scale.contiguous(), w = weight.contiguous(), ws = weight_scale.contiguous();
-  const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous(), g = gate.contiguous();
+  const at::Tensor r = residual.reshape({-1, residual.size(-1)}).contiguous();
+  const OptTensor g = gate ? std::optional(gate->contiguous()) : std::nullopt;
   const OptTensor b = bias ? std::optional(bias->contiguous()) : std::nullopt;
   Fp8LinearParams p = params_of(a, xs, w, ws, b, out);
   set_gated_residual(p, x, r, g);
@@ -299,7 +303,7 @@ at::Tensor fp8_linear_cuda(const at::Tensor& x, const at::Tensor& x_scale, const
 
 at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& weight,
                                           const at::Tensor& weight_scale, const OptTensor& bias,
-                                          const at::Tensor& residual, const at::Tensor& gate) {
+                                          const at::Tensor& residual, const OptTensor& gate) {
   check_fp8_linear_gated_residual(x, x_scale, weight, weight_scale, bias, residual, gate);
   check_compute_capability(x, 89, "fp8_linear_gated_residual", "has no FP8 tensor cores (Ada, Hopper have them)");
   const at::ScalarType dtype = residual.scalar_type();
@@ -312,7 +316,7 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
     at::Tensor out2d = out.view({-1, out.size(-1)});
     // The kernel reads each gate row as N consecutive elements: a strided last dim is copied
     // (LTX's gate, a [B, 1, N] view of its [B, 1, 6, N] modulation, is read in place).
-    const at::Tensor g = gate.stride(-1) == 1 ? gate : gate.contiguous();
+    const OptTensor g = !gate || gate->stride(-1) == 1 ? gate : std::optional(gate->contiguous());
     Fp8LinearParams p = params_of(a, xs, w, ws, bias, out2d);
     set_gated_residual(p, x, r, g);
     if (launch_ours(p, x, "fp8_linear_gated_residual")) return out;
@@ -322,7 +326,7 @@ at::Tensor fp8_linear_gated_residual_cuda(const at::Tensor& x, const at::Tensor&
   // rounded once as the fused kernel does.
   const OptTensor bias32 = bias ? std::optional(bias->to(at::kFloat)) : std::nullopt;
   const at::Tensor y = fp8_linear_cuda(x, x_scale, weight, weight_scale, bias32, at::kFloat, "none");
-  return (residual.to(at::kFloat) + gate.to(at::kFloat) * y).to(dtype).contiguous();
+  return (residual.to(at::kFloat) + (gate ? gate->to(at::kFloat) * y : y)).to(dtype).contiguous();
 }
 #endif
 

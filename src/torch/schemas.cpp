@@ -120,7 +120,7 @@ LTX_KERNELS_LIBRARY(m) {
   // residual + gate * fp8_linear(x, ...) rounded once to residual's dtype: x [B, S, K], residual
   // [B, S, N], gate [B, 1, N] or [N] (a DiT block's gated residual, written by the GEMM).
   def("fp8_linear_gated_residual(Tensor x, Tensor x_scale, Tensor weight, Tensor weight_scale, Tensor? bias,"
-      " Tensor residual, Tensor gate) -> Tensor");
+      " Tensor residual, Tensor? gate) -> Tensor");
   // GroupNorm (group_norm.cpp): x [N, C, *] channels first or last (out in x's layout),
   // add [N, C] added per channel before the norm (a ResNet block's time embedding), silu after.
   def_with_backward("group_norm(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-5,"

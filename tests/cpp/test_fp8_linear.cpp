@@ -123,7 +123,15 @@ TEST(Fp8LinearReference, GatedResidualPerBatchOfRows) {
   p.batch_rows = 3;  // does not divide m
   EXPECT_NE(validate(p), nullptr);
   p.batch_rows = 2;
-  p.gate = nullptr;  // a residual without a gate
+
+  // No gate: out = residual + y (a gate of ones).
+  p.gate = nullptr;
+  ASSERT_EQ(validate(p), nullptr);
+  reference(p);
+  const std::vector<float> ungated = {3, 0, 5, 0, 2, 5, 7, 2};
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], ungated[i]) << i;
+  p.residual = nullptr;  // but no gate without a residual
+  p.gate = gate.data();
   EXPECT_NE(validate(p), nullptr);
 }
 

@@ -64,10 +64,11 @@ def test_fp8_quantizes_the_block_linears_and_stays_close_to_fp32(device):
 
 def test_fp8_quantizes_each_activation_once(monkeypatch):
     """Per block: attn1's q/k/v share one quantization, written by norm1 itself; attn2's q and
-    the two attention outputs take one each; the FF's input is written quantized by norm2, its
-    GELU computed in the up projection's GEMM epilogue, and its hidden values quantized plainly
-    for the down projection: 6 quantizations for 8 FP8 linears, 4 of them standalone
-    quantize_fp8 passes (attn2's text k/v stay in the model's dtype)."""
+    the two attention outputs take one each; the FF's input is written quantized by norm2
+    (without a residual: attn2's output projection wrote it), its GELU computed in the up
+    projection's GEMM epilogue, and its hidden values quantized plainly for the down
+    projection: 6 quantizations for 8 FP8 linears, 4 of them standalone quantize_fp8 passes
+    (attn2's text k/v stay in the model's dtype)."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
     activations = []
@@ -77,15 +78,15 @@ def test_fp8_quantizes_each_activation_once(monkeypatch):
     blocks = len(model.transformer_blocks)
     assert len(calls) == 6 * blocks and calls.count("gelu_tanh") == 0
     assert activations == ["gelu_tanh"] * blocks
-    assert calls.count("adaln_rms_norm_fp8") == calls.count("gated_residual_adaln_rms_norm_fp8") == blocks
+    assert calls.count("adaln_rms_norm_fp8") == 2 * blocks and "gated_residual_adaln_rms_norm_fp8" not in calls
 
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_fp8_gemms_write_the_gated_residuals(monkeypatch, per_token):
-    """Per block, x + gate * attn1's output and x + gate * the FF's are written by the output
-    and down projections' FP8 GEMMs (fp8_linear_gated_residual), not by a separate
-    gated_residual pass; with per-token timesteps (one gate row per token) they are not, and
-    both stay FP8's distance from the fp32 model."""
+    """Per block, x + gate * attn1's output, x + attn2's (no gate) and x + gate * the FF's are
+    written by the output and down projections' FP8 GEMMs (fp8_linear_gated_residual), not by
+    a separate gated_residual pass; with per-token timesteps (one gate row per token) the gated
+    two are not, and both stay FP8's distance from the fp32 model."""
     stock = model16("cpu")
     kw = step_kwargs(stock, "interpolation_scale", per_token=per_token)
     with torch.no_grad():
@@ -102,8 +103,8 @@ def test_fp8_gemms_write_the_gated_residuals(monkeypatch, per_token):
     with torch.no_grad():
         out = model(**kw)[0]
     blocks = len(model.transformer_blocks)
-    fused = "gated_residual" if per_token else "fp8_linear_gated_residual"
-    assert calls == [fused] * 2 * blocks
+    gated = "gated_residual" if per_token else "fp8_linear_gated_residual"
+    assert calls == [gated, "fp8_linear_gated_residual", gated] * blocks
     assert 0 < rel_err(out, reference) <= FP8_TOLERANCE
 
 

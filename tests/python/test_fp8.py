@@ -310,12 +310,15 @@ def test_fp8_linear_cuda_matches_scaled_mm(rows, k, n, dtype):
 
 def gated_residual_inputs(device, dtype, b, s, k, n, per_batch=True, strided_gate=False):
     """x quantized [b, s, k], a quantized weight [n, k], bias, residual [b, s, n] and an LTX-like
-    gate: a [b, 1, n] row of a [b, 1, 6, n] modulation tensor (strided), or one [n] row; with
-    strided_gate, every other element of a twice wider one (a strided last dim)."""
+    gate: a [b, 1, n] row of a [b, 1, 6, n] modulation tensor (strided), or one [n] row, or
+    (per_batch=None) none; with strided_gate, every other element of a twice wider one (a
+    strided last dim)."""
     qx, sx = ltx_kernels.quantize_fp8(torch.randn(b, s, k, device=device, dtype=dtype))
     qw, sw = ltx_kernels.quantize_fp8(torch.randn(n, k, device=device, dtype=dtype))
     bias = torch.randn(n, device=device, dtype=dtype)
     residual = 4 * torch.randn(b, s, n, device=device, dtype=dtype)
+    if per_batch is None:
+        return qx, sx, qw, sw, bias, residual, None
     gate = torch.randn(b, 1, 6, n, device=device, dtype=dtype)[:, :, 2] if per_batch else \
         torch.randn(n, device=device, dtype=dtype)
     if strided_gate:
@@ -325,13 +328,13 @@ def gated_residual_inputs(device, dtype, b, s, k, n, per_batch=True, strided_gat
 
 def gated_residual_formula(qx, sx, qw, sw, bias, residual, gate):
     y = (qx.double() * sx.double()[..., None]) @ (qw.double() * sw.double()[:, None]).T + bias.double()
-    return residual.double() + gate.double() * y
+    return residual.double() + (y if gate is None else gate.double() * y)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("per_batch", [True, False])
-@pytest.mark.parametrize("strided_gate", [False, True])
+@pytest.mark.parametrize("per_batch, strided_gate", [(True, False), (True, True), (False, False), (False, True),
+                                                     (None, False)])
 @pytest.mark.parametrize("b, s, k, n", [(2, 0, 16, 16), (1, 1, 16, 16), (2, 7, 64, 48), (3, 67, 256, 160)])
 def test_fp8_linear_gated_residual_matches_the_formula(device, dtype, per_batch, strided_gate, b, s, k, n):
     args = gated_residual_inputs(device, dtype, b, s, k, n, per_batch, strided_gate)
@@ -363,16 +366,18 @@ def test_fp8_linears_read_a_column_block_of_a_weight_in_place(device, b, s, k, n
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("b, s, k, n, strided_gate", [
-    (2, 2688, 2048, 2048, False), (2, 2688, 8192, 2048, False), (1, 8064, 2048, 2048, False),
-    (3, 1333, 1040, 528, False), (2, 5, 4096, 2048, False), (2, 2688, 2048, 2048, True),
-    (2, 2311, 256, 4096, True)])  # >= 4 waves of tiles: the residual form's swizzle 8
-def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n, strided_gate):
+@pytest.mark.parametrize("b, s, k, n, per_batch, strided_gate", [
+    (2, 2688, 2048, 2048, True, False), (2, 2688, 8192, 2048, True, False), (1, 8064, 2048, 2048, True, False),
+    (3, 1333, 1040, 528, True, False), (2, 5, 4096, 2048, True, False), (2, 2688, 2048, 2048, True, True),
+    (2, 2311, 256, 4096, True, True),  # >= 4 waves of tiles: the residual form's swizzle 8
+    (2, 2688, 2048, 2048, None, False), (3, 1333, 1040, 528, None, False)])  # no gate
+def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, k, n, per_batch, strided_gate):
     """Our Hopper kernel (one GEMM per sample batch, the residual read and written by its
-    epilogue, at every size): within one output rounding and the FP8 accumulator's error of the
-    fp64 formula, and no less accurate than the unfused fp8_linear then gated_residual (which
-    rounds the linear's output once more) where that fp8_linear runs our kernel too."""
-    args = gated_residual_inputs("cuda", dtype, b, s, k, n, strided_gate=strided_gate)
+    epilogue, at every size; no gate: ones, the gate row pointer null): within one output
+    rounding and the FP8 accumulator's error of the fp64 formula, and no less accurate than the
+    unfused fp8_linear then gated_residual (which rounds the linear's output once more) where
+    that fp8_linear runs our kernel too."""
+    args = gated_residual_inputs("cuda", dtype, b, s, k, n, per_batch, strided_gate)
     qx, sx, qw, sw, bias, residual, gate = args
     out = ltx_kernels.fp8_linear_gated_residual(*args)
     exact = gated_residual_formula(*args)
@@ -380,10 +385,10 @@ def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, 
     rms_y = y.norm().item() / y.numel() ** 0.5
     rtol = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     torch.testing.assert_close(out.double(), exact, rtol=rtol,
-                               atol=fp8_accumulator_error(k) * rms_y * gate.abs().max().item())
+                               atol=fp8_accumulator_error(k) * rms_y * (1.0 if gate is None else gate.abs().max().item()))
     # gated_residual takes a gate with a contiguous last dim only (a clear error otherwise).
     unfused = ltx_kernels.gated_residual(residual, ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx),
-                                         gate.contiguous())
+                                         None if gate is None else gate.contiguous())
 
     def error(t):
         return ((t.double() - exact).norm() / exact.norm()).item()
@@ -436,6 +441,7 @@ def test_fp8_linear_gated_residual_bad_input_names_the_argument(device):
     qx, sx, qw, sw, bias, residual, gate = (t.to(device) for t in (qx, sx, qw, sw, bias, residual, gate))
     op = ops.fp8_linear_gated_residual
     assert op(qx, sx, qw, sw, bias, residual, gate).shape == (2, 5, 48)
+    assert op(qx, sx, qw, sw, bias, residual, None).shape == (2, 5, 48)  # no gate
     with pytest.raises(ValueError, match=r"fp8_linear_gated_residual: gate must be \[B, 1, N\] or \[N\].*per-token"):
         op(qx, sx, qw, sw, bias, residual, residual)  # a per-token gate
     with pytest.raises(ValueError, match="fp8_linear_gated_residual: x must be \\[B, S, K\\]"):
