@@ -109,12 +109,15 @@ def test_fp8_gemms_write_the_gated_residuals(monkeypatch, per_token):
 
 
 @pytest.mark.parametrize("target", ["norm1", "norm2", "attn1", "attn1.to_q", "attn1.to_v", "attn1.to_out.0",
-                                    "attn1.to_out.1", "ff", "ff.net.0.proj", "ff.net.2"])
+                                    "attn1.to_out.1", "attn2", "attn2.to_out.0", "attn2.to_out.1", "ff",
+                                    "ff.net.0.proj", "ff.net.2"])
 def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(target):
     """norm1 and norm2 write their outputs quantized only while every consumer is one of our
     FP8 linears, unhooked: a hook on the norm, the attention, a projection or the FF sees its
     call (the norm's output then goes out in the dtype, or quantized by a separate pass; a
-    hooked down projection gets the GELU output rounded once more)."""
+    hooked down projection gets the GELU output rounded once more). Likewise attn2's output
+    projection writes x + attn2 only while attn2 and it run unhooked (else attn2 runs as a
+    module and norm2 adds the residual)."""
     model = model16("cpu")
     inject_quietly(model, precision="fp8")
     kw = step_kwargs(model, "interpolation_scale", per_token=False)
