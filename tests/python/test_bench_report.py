@@ -1,5 +1,6 @@
-"""The ops benchmark's report, on the CPU: the worst speed-up per op against the best anchor
-(issue 18's held-out run reads it), and --held-out reaching the no-GPU message."""
+"""The benchmarks' reports, on the CPU: the ops benchmark's worst speed-up per op against the best
+anchor (issue 18's held-out run reads it), --held-out reaching the no-GPU message, and the LTX
+e2e report's largest kernels outside GEMM and attention."""
 
 import torch
 
@@ -53,3 +54,28 @@ def test_ops_report_writes_the_header_table_worst_ratios_and_json(tmp_path, caps
     assert text.rstrip().endswith("- rms_norm: worst 2.00x vs the best anchor (1x1536 bf16); slower on 0 of 1 shapes")
     assert text in capsys.readouterr().out
     assert json.loads(js.read_text())["results"][1]["us"] == 8.0
+
+
+def test_ltx_e2e_markdown_lists_each_rows_largest_other_kernels():
+    """The e2e report names, per row, the kernels outside GEMM and attention by GPU time, in the
+    profiler's order, their names short (ours and ATen's namespaces dropped, cut to fit)."""
+    import argparse
+
+    from ltx_kernels.bench import harness, ltx_e2e
+
+    norm = ("void ltx_kernels::norm_cuda::norm_cached_kernel<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 8, 4, "
+            "(ltx_kernels::NormType)0, false, 64, true, true>(ltx_kernels::NormParams)")
+    quantize = "void ltx_kernels::(anonymous namespace)::quantize_fp8_kernel<__nv_bfloat16, 8, 256>(QuantizeParams)"
+    row = {"frames": 161, "tokens": 8064, "mode": "ours-fp8", "step_ms": 120.0, "peak_mem_gib": 2.7,
+           "err_vs_eager": 0.0, "first_call_s": 0.3,
+           "kernels_ms": {"gemm": 41.0, "attention": 57.0, "other": 14.0,
+                          "other_kernels": {quantize: 3.76, norm: 1.62}}}
+    args = argparse.Namespace(config="2b", height=512, width=768, reps=5, loop_steps=0)
+    text = ltx_e2e.markdown([row], {"gpu": "H100", "torch": "2.11"}, args)
+    table = text.split("Largest kernels outside GEMM and attention")[1]
+    lines = [line for line in table.splitlines() if line.startswith("| 161f")]
+    assert lines == [f"| 161f ours-fp8 | 3.76 | `{harness.kernel_label(quantize)}` |",
+                     f"| 161f ours-fp8 | 1.62 | `{harness.kernel_label(norm)}` |"]
+    assert harness.kernel_label(quantize) == "quantize_fp8_kernel<__nv_bfloat16, 8, 256>(QuantizeParams)"
+    short = harness.kernel_label(norm, width=40)
+    assert len(short) == 40 and short.startswith("norm_cached_kernel<") and short.endswith("...")

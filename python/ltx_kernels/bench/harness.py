@@ -272,6 +272,26 @@ def kernel_split_ms(step, top: int = 8) -> dict:
     return split
 
 
+def kernel_label(name: str, width: int = 110) -> str:
+    """A profiler kernel name made short enough for a table: no return type, no namespaces of
+    ours or ATen's, cut to ``width`` characters (the template arguments that tell variants
+    apart, e.g. a norm kernel's row layout, stay as far as they fit)."""
+    for prefix in ("void ", "ltx_kernels::", "(anonymous namespace)::", "norm_cuda::", "at::native::"):
+        name = name.replace(prefix, "")
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def other_kernels_markdown(rows: list[dict], label: Callable[[dict], str]) -> str:
+    """The largest kernels outside GEMM and attention of each row (``kernels_ms["other_kernels"]``
+    from :func:`kernel_split_ms`), GPU ms a step: where a fusion would pay. ``label(row)`` names
+    the row."""
+    lines = ["| row | GPU ms | kernel |", "|---|---|---|"]
+    for r in rows:
+        for name, ms in r["kernels_ms"].get("other_kernels", {}).items():
+            lines.append(f"| {label(r)} | {ms:.2f} | `{kernel_label(name)}` |")
+    return "\n".join(lines) + "\n"
+
+
 def time_ms(fn, reps: int) -> float:
     """Median CUDA-event time of ``fn()`` over ``reps`` calls, each synchronized."""
     times = []

@@ -212,7 +212,9 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
                  ("ours-fp8+attn8bit", "ours-fp8"),
                  ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
-    return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
+    others = harness.other_kernels_markdown(rows, lambda r: f"{r['frames']}f {r['mode']}")
+    return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
+            + "\n\nLargest kernels outside GEMM and attention, GPU ms a step:\n\n" + others)
 
 
 def plot(json_path: str, png_path: str) -> None:
