@@ -79,3 +79,18 @@ def test_ltx_e2e_markdown_lists_each_rows_largest_other_kernels():
     assert harness.kernel_label(quantize) == "quantize_fp8_kernel<__nv_bfloat16, 8, 256>(QuantizeParams)"
     short = harness.kernel_label(norm, width=40)
     assert len(short) == 40 and short.startswith("norm_cached_kernel<") and short.endswith("...")
+
+
+def test_image_model_e2e_markdown_lists_each_rows_largest_other_kernels():
+    """The same section in the report that the FLUX, LTX-2, Wan, DiT and UNet benchmarks share."""
+    from ltx_kernels.bench import flux_e2e, harness
+
+    name = "void at::native::elementwise_kernel<128, 4, CUDAFunctor_add<c10::BFloat16>>(int)"
+    row = {"tokens": 4096, "mode": "ours", "step_ms": 130.0, "peak_mem_gib": 30.0, "err_vs_eager": 1e-3,
+           "first_call_s": 2.0, "kernels_ms": {"gemm": 80.0, "attention": 40.0, "other": 10.0,
+                                               "other_kernels": {name: 0.25}}}
+    text = flux_e2e.markdown([row], {"gpu": "H100", "torch": "2.11"}, "FLUX.1-dev", 10)
+    table = text.split("Largest kernels outside GEMM and attention")[1]
+    assert [line for line in table.splitlines() if line.startswith("| ours")] == [
+        "| ours | 0.25 | `elementwise_kernel<128, 4, CUDAFunctor_add<c10::BFloat16>>(int)` |"]
+    assert harness.kernel_label(name).startswith("elementwise_kernel<")

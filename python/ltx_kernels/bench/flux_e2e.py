@@ -83,8 +83,8 @@ def _row_line(r: dict) -> str:
 
 
 def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
-    """The table of ``run``'s rows under a line saying what ``model`` ran (its sizes), and the
-    speed-ups against the anchors."""
+    """The table of ``run``'s rows under a line saying what ``model`` ran (its sizes), the
+    speed-ups against the anchors and each row's largest kernels outside GEMM and attention."""
     head = (f"{model} ({rows[0]['tokens'] if rows else '-'} image tokens); {meta['gpu']}, torch {meta['torch']}. "
             f"Step: median of {reps} CUDA-event-timed forwards after warm-up; kernel split from the profiler, "
             "GPU ms.\n\n")
@@ -95,7 +95,9 @@ def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
              ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
              ("ours", "ours+ropetables"), ("ours-fp8", "ours-fp8+ropetables")]
     speedups = [f"{a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
-    return head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups) + "\n"
+    others = harness.other_kernels_markdown(rows, lambda r: r["mode"])
+    return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
+            + "\n\nLargest kernels outside GEMM and attention, GPU ms a step:\n\n" + others)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, extra_modes: tuple[str, ...] = ()) -> None:
