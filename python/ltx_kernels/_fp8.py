@@ -281,9 +281,17 @@ def attention_residual(attn: nn.Module, processor: type, residual: torch.Tensor,
     :func:`attention_fuses_residual`, the processor's ``attention()`` gives the heads and the
     output projection's FP8 GEMM writes the sum; else the module, then ``gated_residual``."""
     if attention_fuses_residual(attn, processor, residual, gate):
-        heads = attn.processor.attention(attn, *args, **kwargs)
-        return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gate)
+        return projected_attention_residual(attn, residual, gate, *args, **kwargs)
     return ops.gated_residual(residual, attend(attn, *args, **kwargs), gate)
+
+
+def projected_attention_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor | None,
+                                 *args, **kwargs) -> torch.Tensor:
+    """``residual + gate * attn(*args, **kwargs)`` for an ``attn`` that
+    :func:`attention_fuses_residual` (the caller checked): its processor's ``attention()`` gives
+    the heads and the output projection's FP8 GEMM writes the sum."""
+    heads = attn.processor.attention(attn, *args, **kwargs)
+    return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gate)
 
 
 def projected_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,

@@ -97,7 +97,7 @@ def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
     speedups = [f"{a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     others = harness.other_kernels_markdown(rows, lambda r: r["mode"])
     return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
-            + "\n\nLargest kernels outside GEMM and attention, GPU ms a step:\n\n" + others)
+            + "\n\n" + others)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, extra_modes: tuple[str, ...] = ()) -> None:

@@ -283,9 +283,10 @@ def kernel_label(name: str, width: int = 110) -> str:
 
 def other_kernels_markdown(rows: list[dict], label: Callable[[dict], str]) -> str:
     """The largest kernels outside GEMM and attention of each row (``kernels_ms["other_kernels"]``
-    from :func:`kernel_split_ms`), GPU ms a step: where a fusion would pay. ``label(row)`` names
-    the row."""
-    lines = ["| row | GPU ms | kernel |", "|---|---|---|"]
+    from :func:`kernel_split_ms`), GPU ms a step: where a fusion would pay; a section of the e2e
+    reports, its heading included. ``label(row)`` names the row."""
+    lines = ["Largest kernels outside GEMM and attention, GPU ms a step:", "", "| row | GPU ms | kernel |",
+             "|---|---|---|"]
     for r in rows:
         for name, ms in r["kernels_ms"].get("other_kernels", {}).items():
             lines.append(f"| {label(r)} | {ms:.2f} | `{kernel_label(name)}` |")

@@ -214,7 +214,7 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     others = harness.other_kernels_markdown(rows, lambda r: f"{r['frames']}f {r['mode']}")
     return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
-            + "\n\nLargest kernels outside GEMM and attention, GPU ms a step:\n\n" + others)
+            + "\n\n" + others)
 
 
 def plot(json_path: str, png_path: str) -> None:

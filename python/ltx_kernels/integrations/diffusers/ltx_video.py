@@ -173,12 +173,7 @@ def _block_forward(
     # (the q/k/v projections of attn1, the FF's up projection): one pass, no dtype copy.
     attn1_quantized = _fp8.attention_takes_quantized(self.attn1, LtxKernelsAttnProcessor)
     if attn1_quantized:
-        norm_hidden_states = call_fused(
-            (self.norm1,),
-            lambda: _fp8.Quantized(*ops.adaln_rms_norm_fp8(
-                hidden_states, scale_msa, shift_msa, self.norm1.weight, self.norm1.eps), dtype),
-            lambda: _fp8.Quantized(*ops.quantize_fp8(self.norm1(hidden_states) * (1 + scale_msa) + shift_msa), dtype),
-        )
+        norm_hidden_states = _norm_fp8(self.norm1, hidden_states, scale_msa, shift_msa)
     else:
         norm_hidden_states = call_fused(
             (self.norm1,),
@@ -197,13 +192,8 @@ def _block_forward(
         # x), so that norm2 reads one row and writes only its FP8 output, where the fused
         # residual + norm below reads two rows and writes two (H100, LTX-2B 161 frames: that
         # one took 119 us a layer, the norm alone 56).
-        hidden_states = _fp8.attention_residual(self.attn2, LtxKernelsAttnProcessor, hidden_states, None,
-                                                *cross_attention)
-        quantized = call_fused(
-            (self.norm2,),
-            lambda: ops.adaln_rms_norm_fp8(hidden_states, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps),
-            lambda: ops.quantize_fp8(self.norm2(hidden_states) * (1 + scale_mlp) + shift_mlp),
-        )
+        hidden_states = _fp8.projected_attention_residual(self.attn2, hidden_states, None, *cross_attention)
+        x = _norm_fp8(self.norm2, hidden_states, scale_mlp, shift_mlp)
     else:
         attn_hidden_states = attend(self.attn2, *cross_attention)
         residual = hidden_states
@@ -223,10 +213,20 @@ def _block_forward(
             ),
             lambda: _quantized_residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
         )
-    x = _fp8.Quantized(*quantized, dtype)
+        x = _fp8.Quantized(*quantized, dtype)
     if _fp8.fuses_gated_residual(hidden_states, gate_mlp):
         return _fp8.feed_forward_gated_residual(self.ff, x, hidden_states, gate_mlp)
     return ops.gated_residual(hidden_states, _fp8.feed_forward_quantized(self.ff, x), gate_mlp)
+
+
+def _norm_fp8(norm: nn.Module, hidden_states: torch.Tensor, scale, shift) -> _fp8.Quantized:
+    """``norm(x) * (1 + scale) + shift`` written quantized for our FP8 linears: one
+    ``adaln_rms_norm_fp8`` between the norm's hooks, or the norm module, then ``quantize_fp8``."""
+    return _fp8.Quantized(*call_fused(
+        (norm,),
+        lambda: ops.adaln_rms_norm_fp8(hidden_states, scale, shift, norm.weight, norm.eps),
+        lambda: ops.quantize_fp8(norm(hidden_states) * (1 + scale) + shift),
+    ), hidden_states.dtype)
 
 
 def _residual_and_norm(norm: nn.Module, hidden_states, scale, shift) -> tuple:
