@@ -16,22 +16,31 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// x * sigmoid(z) with one fast exp and a fast division, right wherever the result is a normal
-// fp32 number. h = e^(-|z|/2) lies in (0, 1], so the divisor 1 + h^2 stays in [1, 2] (the fast
-// division returns 0 for divisors above 2^126, i.e. for z < -87.3 in x / (1 + e^-z)), and for
-// z < 0 the numerator x e^z is formed as (x h) h, which stays right after e^z itself has gone
-// below fp32's smallest normal, where the fast exp flushes to 0.
-__device__ __forceinline__ float x_sigmoid(float x, float z) {
-  const float h = __expf(-0.5f * fabsf(z));
-  return __fdividef(z >= 0.0f ? x : x * h * h, 1.0f + h * h);
+// x / (1 + 2^t) by the SFU, right wherever the result is a normal fp32 number: h = 2^(-|t|/2)
+// lies in (0, 1], so the divisor 1 + h^2 stays in [1, 2], and for t > 0 the numerator x 2^-t
+// is formed as (x h) h, which stays right after 2^-t itself has gone below fp32's smallest
+// normal. ex2.approx.ftz and rcp.approx.ftz (2 and 1 ulp; relative error ~5e-7) are one SASS
+// instruction each: x_sigmoid is 9 instructions and gelu_tanh 11 on sm_90a, where __expf and
+// __fdividef's denormal handling made them 15 and 19. In the FP8 up projection's GELU epilogue,
+// where the GEMM runs at the power cap, the count shows in the time (benchmarks/results/h100/
+// gemm.md).
+__device__ __forceinline__ float x_over_one_plus_exp2(float x, float t) {
+  const float h = fast_exp2(-0.5f * fabsf(t));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(fmaf(h, h, 1.0f)));
+  return (t > 0.0f ? x * h * h : x) * r;
 }
 
-// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): one fast exp and a fast division instead of tanhf,
-// whose instruction count kept the kernels from memory speed, and no cancellation in 1 + tanh
-// for negative x. Relative error ~1e-6.
+// x * sigmoid(z) = x / (1 + e^-z).
+__device__ __forceinline__ float x_sigmoid(float x, float z) { return x_over_one_plus_exp2(x, -kLog2e * z); }
+
+// 0.5 x (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + 2^(-2 u log2 e)), u = sqrt(2/pi) (x +
+// 0.044715 x^3), the constants folded into the polynomial: no cancellation in 1 + tanh for
+// negative x.
 __device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
-  return x_sigmoid(x, kTwoSqrt2OverPi * (x + 0.044715f * x * x * x));
+  constexpr float kC0 = -2.0f * 0.7978845608028654f * kLog2e;
+  constexpr float kC1 = kC0 * 0.044715f;
+  return x_over_one_plus_exp2(x, x * fmaf(kC1, x * x, kC0));
 }
 
 // 0.5 x erfc(-x / sqrt 2) == 0.5 x (1 + erf(x / sqrt 2)) without the cancellation of 1 + erf
@@ -49,7 +58,7 @@ struct ValueAndSlope {
 };
 
 // x * s and d/dx = s + x s (1 - s) z'(x), with s = sigmoid(z) and 1 - s both formed from
-// h^2 = e^-|z| (as in x_sigmoid): whichever is small is h^2 / (1 + h^2), never 1 - (~1),
+// h^2 = e^-|z|: whichever is small is h^2 / (1 + h^2), never 1 - (~1),
 // so neither cancels, and both are 0 / 1 rather than NaN once e^-|z| underflows. dz = z'(x).
 __device__ __forceinline__ ValueAndSlope x_sigmoid_and_slope(float x, float z, float dz) {
   const float h = __expf(-0.5f * fabsf(z));
