@@ -120,3 +120,18 @@ def test_ltx_e2e_report_and_plot_take_every_mode(tmp_path):
     (tmp_path / "rows.json").write_text(json.dumps({"meta": {"gpu": "H100", "config": "2b"}, "results": rows}))
     ltx_e2e.plot(str(tmp_path / "rows.json"), str(tmp_path / "rows.png"))
     assert (tmp_path / "rows.png").stat().st_size > 0
+
+
+def test_idle_is_the_time_no_kernel_covers():
+    """The e2e split's idle time: gaps between kernels within the step, overlapping kernels
+    (two streams) counted once, nothing before the first or after the last."""
+    from ltx_kernels.bench import harness
+
+    assert harness.idle_ms([]) == 0.0
+    assert harness.idle_ms([(10.0, 20.0)]) == 0.0
+    # gaps of 5 and 30 us; (22, 25) lies inside (20, 40): no gap of its own
+    assert harness.idle_ms([(50.0, 70.0), (10.0, 15.0), (20.0, 40.0), (22.0, 25.0), (100.0, 101.0)]) == (5 + 10 + 30) / 1e3
+    assert harness.idle_ms([(0.0, 10.0), (5.0, 12.0), (12.0, 13.0)]) == 0.0
+    split = {"gemm": 41.26, "attention": 59.04, "other": 14.5, "idle": 5.31}
+    assert harness.split_text(split) == "41.3 / 59.0 / 14.5 / 5.3"
+    assert harness.split_text({k: v for k, v in split.items() if k != "idle"}, 2) == "41.26 / 59.04 / 14.50 / -"

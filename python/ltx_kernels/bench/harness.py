@@ -247,10 +247,22 @@ GEMM_KEYS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")
 ATTENTION_KEYS = ("flash", "fmha", "attention", "sdpa")
 
 
+def idle_ms(intervals: list[tuple[float, float]]) -> float:
+    """Milliseconds between the first start and the last end of ``intervals`` ((start, end) in
+    us, any order, overlaps allowed) that no interval covers."""
+    idle, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is not None and start > reach:
+            idle += start - reach
+        reach = end if reach is None else max(reach, end)
+    return idle / 1e3
+
+
 def kernel_split_ms(step, top: int = 8) -> dict:
-    """GPU ms of one ``step()`` per kernel kind (GEMM / attention / other), from the profiler,
-    and under ``other_kernels`` the ``top`` kernels of the other kind by time (what a fusion
-    would remove)."""
+    """GPU ms of one ``step()`` per kernel kind (GEMM / attention / other), from the profiler;
+    under ``other_kernels`` the ``top`` kernels of the other kind by time (what a fusion would
+    remove); under ``idle`` the time between the step's first and last kernel when none ran
+    (launch gaps and waits for the host: what a CUDA graph can remove)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -258,9 +270,11 @@ def kernel_split_ms(step, top: int = 8) -> dict:
         torch.cuda.synchronize()
     split = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     others: dict[str, float] = {}
+    intervals = []
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
+        intervals.append((event.time_range.start, event.time_range.end))
         name = event.name.lower()
         # attention first: memory-efficient SDPA kernels carry "cutlass" in their names
         kind = ("attention" if any(k in name for k in ATTENTION_KEYS)
@@ -269,7 +283,16 @@ def kernel_split_ms(step, top: int = 8) -> dict:
         if kind == "other":
             others[event.name[:160]] = others.get(event.name[:160], 0.0) + event.device_time_total / 1e3
     split["other_kernels"] = dict(sorted(others.items(), key=lambda kv: -kv[1])[:top])
+    split["idle"] = idle_ms(intervals)
     return split
+
+
+def split_text(kernels_ms: dict, digits: int = 1) -> str:
+    """A row's kernel split for an e2e table: 'GEMM / attention / other / idle' in ms (idle '-'
+    for rows measured before it was)."""
+    idle = kernels_ms.get("idle")
+    parts = [kernels_ms["gemm"], kernels_ms["attention"], kernels_ms["other"]]
+    return " / ".join([f"{v:.{digits}f}" for v in parts] + ["-" if idle is None else f"{idle:.{digits}f}"])
 
 
 def kernel_label(name: str, width: int = 110) -> str:

@@ -188,10 +188,9 @@ def run_frames(stock, fresh, frames: int, height: int, width: int, modes, reps: 
 
 
 def _row_line(r: dict) -> str:
-    k = r["kernels_ms"]
     loop = f"{r['loop_ms']:.0f}" if "loop_ms" in r else "-"
     return (f"| {r['frames']}f S={r['tokens']} | {r['mode']} | {r['step_ms']:.1f} | {loop} | "
-            f"{r['peak_mem_gib']:.2f} | {k['gemm']:.1f} / {k['attention']:.1f} / {k['other']:.1f} | "
+            f"{r['peak_mem_gib']:.2f} | {harness.split_text(r['kernels_ms'])} | "
             f"{r['err_vs_eager']:.2e} | {r['first_call_s']:.1f} |")
 
 
@@ -200,7 +199,7 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
             f"{args.height}x{args.width}; {meta['gpu']}, torch {meta['torch']}. Step: median of {args.reps} "
             f"CUDA-event-timed forwards after warm-up; loop: {args.loop_steps} steps of LTXPipeline "
             "(CFG, scheduler). Kernel split from the profiler, GPU ms.\n\n")
-    lines = ["| video | mode | step ms | loop ms | peak GiB | GEMM / attention / other ms | err vs eager | "
+    lines = ["| video | mode | step ms | loop ms | peak GiB | GEMM / attention / other / idle ms | err vs eager | "
              "first call s |", "|---|---|---|---|---|---|---|---|"]
     lines += [_row_line(r) for r in rows]
     speedups = []
