@@ -210,7 +210,8 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
                  ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
                  ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16", "ours-fp8"),
                  ("ours-fp8+attnbf16", "torchao-fp8+compile"), ("ours-fp8+attnbf16+compile", "torchao-fp8+compile"),
-                 ("ours-fp8+attnbf16+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16+cudagraph", "ours-fp8+attnbf16"),
+                 ("ours-fp8+attnbf16+cudagraph", "torchao-fp8+compile"),
+                 ("ours-fp8+attnbf16+cudagraph", "ours-fp8+attnbf16"),
                  ("ours-fp8+attn8bit", "ours-fp8"),
                  ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
