@@ -2,6 +2,7 @@
 anchor (issue 18's held-out run reads it), --held-out reaching the no-GPU message, and the LTX
 e2e report's largest kernels outside GEMM and attention."""
 
+import pytest
 import torch
 
 from ltx_kernels.bench import __main__ as bench
@@ -94,3 +95,28 @@ def test_image_model_e2e_markdown_lists_each_rows_largest_other_kernels():
     assert [line for line in table.splitlines() if line.startswith("| ours")] == [
         "| ours | 0.25 | `elementwise_kernel<128, 4, CUDAFunctor_add<c10::BFloat16>>(int)` |"]
     assert harness.kernel_label(name).startswith("elementwise_kernel<")
+
+
+def test_ltx_e2e_report_and_plot_take_every_mode(tmp_path):
+    """Every mode of the LTX e2e benchmark gets its speed-ups in the report (the CUDA-graph step
+    of the FP8 + exact attention mode against the same mode without graphs and against torchao)
+    and a bar in the plot (more modes than the palette's colours: they repeat)."""
+    import argparse
+    import json
+
+    from ltx_kernels.bench import ltx_e2e
+
+    rows = [{"frames": 161, "tokens": 8064, "mode": mode, "step_ms": 100.0 + i, "peak_mem_gib": 2.7,
+             "err_vs_eager": 0.0, "first_call_s": 0.3, "kernels_ms": {"gemm": 41.0, "attention": 57.0, "other": 14.0}}
+            for i, mode in enumerate(ltx_e2e.MODES)]
+    args = argparse.Namespace(config="2b", height=512, width=768, reps=5, loop_steps=0)
+    text = ltx_e2e.markdown(rows, {"gpu": "H100", "torch": "2.11"}, args)
+    by = {r["mode"]: r["step_ms"] for r in rows}
+    graph = "ours-fp8+attnbf16+cudagraph"
+    assert graph in ltx_e2e.QUANTIZED
+    for anchor in ("ours-fp8+attnbf16", "torchao-fp8+compile"):
+        assert f"161f: {graph} vs {anchor} {by[anchor] / by[graph]:.2f}x" in text
+    pytest.importorskip("matplotlib")
+    (tmp_path / "rows.json").write_text(json.dumps({"meta": {"gpu": "H100", "config": "2b"}, "results": rows}))
+    ltx_e2e.plot(str(tmp_path / "rows.json"), str(tmp_path / "rows.png"))
+    assert (tmp_path / "rows.png").stat().st_size > 0

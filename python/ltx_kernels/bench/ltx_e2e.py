@@ -35,13 +35,15 @@ from ltx_kernels.bench import harness, ltx_models
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnbf16", "ours+attn8bit",
          "ours+attn8bit+compile", "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16",
-         "ours-fp8+attnbf16+compile", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
+         "ours-fp8+attnbf16+compile", "ours-fp8+attnbf16+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile",
+         "torchao-fp8+compile"]
 # ours with diffusers' RoPE tables (inject(rope="stock")) instead of the in-kernel angles, for
 # the LTX benchmarks (LTX-Video's and LTX-2's video RoPE), to compare the two in one run.
 ROPE_TABLE_MODES = ["ours+ropetables", "ours-fp8+ropetables"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
 QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnbf16", "ours-fp8+attnbf16+compile",
-             "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "ours-fp8+ropetables", "torchao-fp8+compile")
+             "ours-fp8+attnbf16+cudagraph", "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "ours-fp8+ropetables",
+             "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -209,6 +211,7 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
                  ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
                  ("ours-fp8+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16", "ours-fp8"),
                  ("ours-fp8+attnbf16", "torchao-fp8+compile"), ("ours-fp8+attnbf16+compile", "torchao-fp8+compile"),
+                 ("ours-fp8+attnbf16+cudagraph", "torchao-fp8+compile"), ("ours-fp8+attnbf16+cudagraph", "ours-fp8+attnbf16"),
                  ("ours-fp8+attn8bit", "ours-fp8"),
                  ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
@@ -233,7 +236,8 @@ def plot(json_path: str, png_path: str) -> None:
         xs = [m for m in modes if m in by]
         colors = ["#999", "#666", "#4a8", "#287", "#165", "#6b9", "#3a7", "#48c", "#26a", "#148", "#7ad", "#59c",
                   "#c84"]
-        ax.bar(xs, [by[m]["step_ms"] for m in xs], color=[colors[MODES.index(m)] for m in xs])
+        # (colours repeat past the palette: MODES outnumbers it)
+        ax.bar(xs, [by[m]["step_ms"] for m in xs], color=[colors[MODES.index(m) % len(colors)] for m in xs])
         for i, m in enumerate(xs):
             ax.text(i, by[m]["step_ms"], f"{by[m]['step_ms']:.1f}", ha="center", va="bottom", fontsize=8)
         ax.set_title(f"{f} frames (S = {by[xs[0]]['tokens']})")
