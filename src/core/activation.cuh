@@ -16,6 +16,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1 / x by the SFU (rcp.approx.ftz: 1 ulp; results below fp32's smallest normal flush to 0).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // x / (1 + 2^t) by the SFU, right wherever the result is a normal fp32 number: h = 2^(-|t|/2)
 // lies in (0, 1], so the divisor 1 + h^2 stays in [1, 2], and for t > 0 the numerator x 2^-t
 // is formed as (x h) h, which stays right after 2^-t itself has gone below fp32's smallest
@@ -26,9 +33,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // gemm.md).
 __device__ __forceinline__ float x_over_one_plus_exp2(float x, float t) {
   const float h = fast_exp2(-0.5f * fabsf(t));
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(fmaf(h, h, 1.0f)));
-  return (t > 0.0f ? x * h * h : x) * r;
+  return (t > 0.0f ? x * h * h : x) * fast_rcp(fmaf(h, h, 1.0f));
 }
 
 // x * sigmoid(z) = x / (1 + e^-z).
@@ -61,9 +66,11 @@ struct ValueAndSlope {
 // h^2 = e^-|z|: whichever is small is h^2 / (1 + h^2), never 1 - (~1),
 // so neither cancels, and both are 0 / 1 rather than NaN once e^-|z| underflows. dz = z'(x).
 __device__ __forceinline__ ValueAndSlope x_sigmoid_and_slope(float x, float z, float dz) {
-  const float h = __expf(-0.5f * fabsf(z));
+  // (the SFU's ftz forms, as x_over_one_plus_exp2: 1 + q is in [1, 2], and h only flushes
+  // to 0 past |z| > 175, where q is below fp32's normal range either way)
+  const float h = fast_exp2(-0.5f * kLog2e * fabsf(z));
   const float q = h * h;
-  const float big = __fdividef(1.0f, 1.0f + q);
+  const float big = fast_rcp(1.0f + q);
   const float small = q * big;
   const float s = z >= 0.0f ? big : small;
   const float one_minus_s = z >= 0.0f ? small : big;
