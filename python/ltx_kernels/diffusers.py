@@ -150,7 +150,11 @@ def inject(
     ``attention``, independent of ``precision``, picks the attention kernel:
 
     - ``None`` (default): the model's attention backend stays as it is (diffusers' default,
-      SDPA, or whatever the user set with ``set_attention_backend``).
+      SDPA, or whatever the user set with ``set_attention_backend``). Where none was chosen,
+      LTX-Video's processor runs ``ltx_kernels.attention`` (exact) where it is the faster on
+      the GPU at hand: the text cross-attention from sm_80 on (its short-key kernel), and the
+      self-attention at head dim 64 (LTX-2B) on Hopper with a build for sm_90a; otherwise, and
+      in training forwards, SDPA. ``set_attention_backend("native")`` keeps SDPA everywhere.
     - ``"bf16"`` / ``"8bit"``: every attention processor that goes through diffusers' attention
       dispatcher (LTX's, ours, and those of other diffusers models alike) gets the backend
       ``"ltx_kernels"`` (``ltx_kernels.attention``, exact) or ``"ltx_kernels_8bit"`` (q and k in

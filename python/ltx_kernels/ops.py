@@ -391,6 +391,10 @@ def fp8_linear_gated_residual(
 ATTENTION_SHORT_KEYS = 128
 ATTENTION_DECODE_ROWS = 16
 ATTENTION_DECODE_MIN_KEYS = 512
+# Whether this build has the Hopper (sm_90a) kernels: attention's wgmma kernel on sm_90 GPUs
+# (without them, the portable sm_80 kernel, slower there than SDPA's cuDNN backend) and the
+# CUTLASS FP8 GEMM. A constant, so that torch.compile reads it without a graph break.
+SM90A_KERNELS = bool(_ops.has_sm90a_kernels())
 
 
 def attention(

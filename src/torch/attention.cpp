@@ -250,8 +250,18 @@ Grads4 attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const
                           : none_grad(attn_mask ? *attn_mask : q)};
 }
 
+bool has_sm90a_kernels() {
+#ifdef LTX_KERNELS_SM90A
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
+// (no tensor argument to dispatch on: one kernel for every key)
+LTX_KERNELS_LIBRARY_IMPL(CompositeImplicitAutograd, m) { m.impl("has_sm90a_kernels", &has_sm90a_kernels); }
 LTX_KERNELS_LIBRARY_IMPL(CPU, m) {
   LTX_KERNELS_IMPL(m, "attention", attention_cpu);
   LTX_KERNELS_IMPL(m, "attention_backward", attention_backward);

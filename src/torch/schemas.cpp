@@ -138,6 +138,9 @@ LTX_KERNELS_LIBRARY(m) {
                     "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? attn_mask=None,"
                     " float? scale=None, str precision='bf16') -> (Tensor grad_q, Tensor grad_k, Tensor grad_v,"
                     " Tensor grad_attn_mask)");
+  // Whether this build has the Hopper (sm_90a) kernels: the integrations route an attention to
+  // ours by default only where it beats SDPA, which on Hopper takes this build's wgmma kernel.
+  m.def("has_sm90a_kernels() -> bool");
   // RoPE family (rope.cpp). unsqueeze_dim as in transformers: 1 for [B, H, S, Dh] q/k, 2 for
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
   def_with_backward("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"

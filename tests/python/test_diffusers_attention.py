@@ -419,12 +419,15 @@ def test_cuda_torch_compile_fullgraph():
 
 @cuda
 @torch.no_grad()
-def test_cuda_default_cross_attention_takes_the_short_key_kernel(monkeypatch):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_dim):
     """With no attention backend chosen, an injected LTX block's cross-attention (at most 128
-    text tokens) runs ltx_kernels.attention, no worse than stock against fp32, eager and under
-    fullgraph compile; another backend chosen with diffusers' API (here the active one) takes
-    the dispatcher again."""
-    reference = tiny_model("cuda", head_dim=64)
+    text tokens) runs ltx_kernels.attention, and so does its self-attention at head dim 64 on
+    Hopper with a build for sm_90a (at 128, and elsewhere, SDPA); no worse than stock against
+    fp32, eager and under fullgraph compile. A backend chosen with diffusers' API (the active
+    one, or the model's set_attention_backend("native")) takes the dispatcher again."""
+    hopper = torch.cuda.get_device_capability()[0] == 9 and ltx_kernels.ops.SM90A_KERNELS
+    reference = tiny_model("cuda", head_dim=head_dim)
     kw = step_kwargs(reference, "interpolation_scale", per_token=False)
     expected = reference(**kw)[0]
     kw = as_dtype(kw, torch.bfloat16)
@@ -433,14 +436,38 @@ def test_cuda_default_cross_attention_takes_the_short_key_kernel(monkeypatch):
     lkd.inject(model)
     calls = []
     attention = ltx_kernels.ops.attention
-    monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(a[1].size(2)) or attention(*a, **k))
     assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
-    assert len(calls) == len(model.transformer_blocks)  # one cross-attention per block
+    text = kw["encoder_hidden_states"].size(1)
+    per_block = [text] + ([kw["hidden_states"].size(1)] if hopper and head_dim == 64 else [])
+    assert sorted(calls) == sorted(per_block * len(model.transformer_blocks))  # keys per call
     with attention_backend("_native_cudnn"):  # a backend chosen: the dispatcher
         calls.clear()
         model(**kw)
         assert not calls
+    model.set_attention_backend("native")
+    calls.clear()
+    model(**kw)
+    assert not calls
+    model.reset_attention_backend()
     monkeypatch.setattr(ltx_kernels.ops, "attention", attention)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)(**kw)[0]
     assert rel_err(compiled, expected) <= SLACK * stock_err
+
+
+def test_sm90a_kernels_flag_is_the_build():
+    """ltx_kernels.ops.SM90A_KERNELS (what the LTX processor routes self-attention by) is
+    False in a build without CUDA; with CUDA on an sm_90 GPU, True exactly when ops.attention
+    runs the Hopper kernel (attention_sm90_kernel in the profile)."""
+    flag = ltx_kernels.ops.SM90A_KERNELS
+    assert isinstance(flag, bool)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("ltx_kernels::attention", "CUDA"):
+        assert not flag
+    if not HAS_CUDA or torch.cuda.get_device_capability()[0] != 9:
+        return
+    q = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ltx_kernels.ops.attention(q, q, q)
+        torch.cuda.synchronize()
+    assert any("attention_sm90_kernel" in e.name for e in prof.events()) == flag

@@ -136,8 +136,9 @@ def test_sdxl_unet_trains_like_stock_under_autocast():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_ltx_video_lora_trains_on_cuda_in_bf16():
     """LoRA fine-tuning as on the GPU: a bf16 model whose attention projections carry adapters.
-    The injected cross-attention takes the forward-only short-key kernel in inference; in a
-    training forward it must step aside for diffusers' SDPA (it raised there before). Each
+    In inference the injected attention takes ltx_kernels.attention (the cross-attention, and
+    at head dim 64 on Hopper the self-attention too); in a training forward it must step aside
+    for diffusers' SDPA (it raised there before). Each
     adapter's gradient is no further from the fp32 model's than stock bf16's (x 1.5)."""
     fp32 = tiny_ltx("cuda", head_dim=64, affine=True).train()
     stock = torch.nn.Module.to(copy.deepcopy(fp32), torch.bfloat16)

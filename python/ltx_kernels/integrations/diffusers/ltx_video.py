@@ -103,7 +103,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         )
 
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if encoder_hidden_states is not None and self._takes_short_kernel(query, key, value):
+        if self._takes_our_kernel(query, key, value, cross=encoder_hidden_states is not None):
             hidden_states = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                           attn_mask=attention_mask).transpose(1, 2)
         else:
@@ -113,21 +113,28 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
             )
         return hidden_states.flatten(2, 3).to(query.dtype)
 
-    def _takes_short_kernel(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        """Whether a cross-attention ([B, S, H, D] query, key, value) runs ``ltx_kernels.attention``
-        (exact; its short-key kernel: at most 128 keys, LTX's text) instead of diffusers'
-        dispatcher: where no backend was chosen (neither this processor's nor an active one other
-        than diffusers' default, the native SDPA) nor context parallelism, on a GPU the kernel
-        takes, and where no gradient flows through it: a training forward (LoRA fine-tuning)
-        keeps diffusers' SDPA, whose fused backward is faster than the op's composite one."""
+    def _takes_our_kernel(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cross: bool) -> bool:
+        """Whether this attention ([B, S, H, D] query, key, value) runs ``ltx_kernels.attention``
+        (exact) instead of diffusers' dispatcher: only where no backend was chosen (neither this
+        processor's nor an active one other than diffusers' default, the native SDPA), without
+        context parallelism, and where no gradient flows through it (a training forward, LoRA
+        fine-tuning, keeps SDPA, whose fused backward is faster than the op's composite one);
+        then where ours is the faster on H100 (benchmarks/results/h100/attention.md): the
+        cross-attention over LTX's text (at most 128 keys: the short-key kernel, 1.30x cuDNN)
+        from sm_80 on, and the self-attention at head dim 64 (LTX-2B) on Hopper with this
+        build's sm_90a kernel (1.03-1.19x cuDNN at 2688-31680 tokens). At head dim 128 (13B)
+        cuDNN is the faster (ours 0.92-0.98x) and stays."""
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        return (not needs_grad and self._attention_backend is None and self._parallel_config is None
-                and _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
-                and query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)
-                and key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(-1) in (64, 128)
-                and torch.cuda.get_device_capability(query.device) >= (8, 0))
+        if (needs_grad or self._attention_backend is not None or self._parallel_config is not None
+                or _AttentionBackendRegistry.get_active_backend()[0] != AttentionBackendName.NATIVE
+                or query.device.type != "cuda" or query.dtype not in (torch.bfloat16, torch.float16)):
+            return False
+        capability = torch.cuda.get_device_capability(query.device)
+        if cross:
+            return key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(-1) in (64, 128) and capability >= (8, 0)
+        return query.size(-1) == 64 and capability[0] == 9 and ops.SM90A_KERNELS
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
