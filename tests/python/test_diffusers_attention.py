@@ -423,9 +423,12 @@ def test_cuda_torch_compile_fullgraph():
 def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_dim):
     """With no attention backend chosen, an injected LTX block's cross-attention (at most 128
     text tokens) runs ltx_kernels.attention, and so does its self-attention at head dim 64 on
-    Hopper with a build for sm_90a (at 128, and elsewhere, SDPA); no worse than stock against
-    fp32, eager and under fullgraph compile. A backend chosen with diffusers' API (the active
-    one, or the model's set_attention_backend("native")) takes the dispatcher again."""
+    Hopper with a build for sm_90a over enough keys (at 128, and elsewhere, SDPA; the tiny
+    model's few tokens run SDPA at the real bound, ours with the bound at 1); no worse than
+    stock against fp32, eager and under fullgraph compile. A backend chosen with diffusers' API
+    (the active one, or the model's set_attention_backend("native")) takes the dispatcher again."""
+    from ltx_kernels.integrations.diffusers import ltx_video
+
     hopper = torch.cuda.get_device_capability()[0] == 9 and ltx_kernels.ops.SM90A_KERNELS
     reference = tiny_model("cuda", head_dim=head_dim)
     kw = step_kwargs(reference, "interpolation_scale", per_token=False)
@@ -437,10 +440,15 @@ def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_
     calls = []
     attention = ltx_kernels.ops.attention
     monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(a[1].size(2)) or attention(*a, **k))
+    text, video = kw["encoder_hidden_states"].size(1), kw["hidden_states"].size(1)
+    assert video < ltx_video.SELF_ATTENTION_MIN_KEYS
     assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
-    text = kw["encoder_hidden_states"].size(1)
-    per_block = [text] + ([kw["hidden_states"].size(1)] if hopper and head_dim == 64 else [])
-    assert sorted(calls) == sorted(per_block * len(model.transformer_blocks))  # keys per call
+    assert calls == [text] * len(model.transformer_blocks)  # keys per call: the cross-attentions
+    monkeypatch.setattr(ltx_video, "SELF_ATTENTION_MIN_KEYS", 1)
+    calls.clear()
+    assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
+    per_block = [text] + ([video] if hopper and head_dim == 64 else [])
+    assert sorted(calls) == sorted(per_block * len(model.transformer_blocks))
     with attention_backend("_native_cudnn"):  # a backend chosen: the dispatcher
         calls.clear()
         model(**kw)

@@ -62,6 +62,12 @@ def rope_positions(
     ))
 
 
+# Where our Hopper kernel overtakes SDPA's cuDNN backend at head dim 64 (H100, B = 2, 32 heads, bf16:
+# 0.86-0.93x at 64-1024 keys, 1.09x at 1536, 1.19x at 2688, 1.13-1.18x at 8064-31680;
+# benchmarks/results/h100/attention.md): below it, short videos and low resolutions, SDPA stays.
+SELF_ATTENTION_MIN_KEYS = 1536
+
+
 class LtxKernelsAttnProcessor(ProcessorOverStock):
     """An LTX block's attention: projections, QK-norm (+ RoPE for attn1, one fused launch with
     in-kernel angles), attention, output projection."""
@@ -122,7 +128,7 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         then where ours is the faster on H100 (benchmarks/results/h100/attention.md): the
         cross-attention over LTX's text (at most 128 keys: the short-key kernel, 1.30x cuDNN)
         from sm_80 on, and the self-attention at head dim 64 (LTX-2B) on Hopper with this
-        build's sm_90a kernel (1.03-1.19x cuDNN at 2688-31680 tokens). At head dim 128 (13B)
+        build's sm_90a kernel over at least SELF_ATTENTION_MIN_KEYS keys. At head dim 128 (13B)
         cuDNN is the faster (ours 0.92-0.98x) and stays."""
         from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
@@ -134,7 +140,8 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         capability = torch.cuda.get_device_capability(query.device)
         if cross:
             return key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(-1) in (64, 128) and capability >= (8, 0)
-        return query.size(-1) == 64 and capability[0] == 9 and ops.SM90A_KERNELS
+        return (query.size(-1) == 64 and key.size(1) >= SELF_ATTENTION_MIN_KEYS and capability[0] == 9
+                and ops.SM90A_KERNELS)
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:
