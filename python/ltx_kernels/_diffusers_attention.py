@@ -65,6 +65,50 @@ def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor
     return out.transpose(1, 2)
 
 
+# Where ltx_kernels.attention is faster than SDPA's fastest backend (H100, bf16, 2 x 32 heads:
+# benchmarks/results/h100/attention.md, attention_short_keys.md), for :func:`processor_attention`:
+# at least MIN_TOKENS query rows (fewer: launch overhead and a short grid, SDPA stays), and then
+# either at most ops.ATTENTION_SHORT_KEYS keys (a DiT's text cross-attention: the short-key
+# kernel, 1.13-1.30x cuDNN, from sm_80 on) or head dim 64 with no mask over at least MIN_TOKENS
+# keys on Hopper with this build's sm_90a kernel (0.86-0.93x cuDNN at 64-1024 keys, 1.09x at
+# 1536, 1.13-1.19x at 2688-31680). At head dim 128 cuDNN is the faster (ours 0.92-0.98x).
+MIN_TOKENS = 1536
+
+
+def prefers_ours(query: torch.Tensor, key: torch.Tensor, attn_mask) -> bool:
+    """Whether ltx_kernels.attention (exact) is the faster for these ``[B, S, H, D]`` inputs
+    (see MIN_TOKENS)."""
+    if (query.device.type != "cuda" or query.dtype not in _CUDA_DTYPES or query.size(-1) not in _CUDA_HEAD_DIMS
+            or query.size(1) < MIN_TOKENS):
+        return False
+    capability = torch.cuda.get_device_capability(query.device)
+    if key.size(1) <= ops.ATTENTION_SHORT_KEYS:
+        return capability >= (8, 0)
+    return (query.size(-1) == 64 and attn_mask is None and key.size(1) >= MIN_TOKENS and capability[0] == 9
+            and ops.SM90A_KERNELS)
+
+
+def processor_attention(processor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask=None,
+                        parallel: bool = True) -> torch.Tensor:
+    """The attention of one of our processors, ``[B, S, H, D]`` in and out, in every integrated
+    family: ltx_kernels.attention (exact) where nobody chose a backend (neither the processor
+    nor an active one other than diffusers' default, the native SDPA), without context
+    parallelism, where no gradient flows through it (a training forward, LoRA fine-tuning,
+    keeps SDPA, whose fused backward is faster than the op's composite one) and where
+    :func:`prefers_ours`; otherwise diffusers' dispatcher with the processor's backend and, when
+    ``parallel``, its context-parallel config, as the stock processor calls it."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
+
+    parallel_config = processor._parallel_config if parallel else None
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if (not needs_grad and processor._attention_backend is None and parallel_config is None
+            and _AttentionBackendRegistry.get_active_backend()[0] == AttentionBackendName.NATIVE
+            and prefers_ours(query, key, attn_mask)):
+        return _attend(query, key, value, attn_mask, None, "bf16")
+    return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=False,
+                                 backend=processor._attention_backend, parallel_config=parallel_config)
+
+
 def _check(name: str, query, key, dropout_p, is_causal, enable_gqa, return_lse) -> None:
     if dropout_p != 0.0:
         raise ValueError(f"attention backend '{name}': dropout_p must be 0 (no dropout in ltx_kernels.attention), "

@@ -421,14 +421,12 @@ def test_cuda_torch_compile_fullgraph():
 @torch.no_grad()
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_dim):
-    """With no attention backend chosen, an injected LTX block's cross-attention (at most 128
-    text tokens) runs ltx_kernels.attention, and so does its self-attention at head dim 64 on
-    Hopper with a build for sm_90a over enough keys (at 128, and elsewhere, SDPA; the tiny
-    model's few tokens run SDPA at the real bound, ours with the bound at 1); no worse than
-    stock against fp32, eager and under fullgraph compile. A backend chosen with diffusers' API
-    (the active one, or the model's set_attention_backend("native")) takes the dispatcher again."""
-    from ltx_kernels.integrations.diffusers import ltx_video
-
+    """With no attention backend chosen, an injected LTX block runs ltx_kernels.attention where
+    prefers_ours says it is the faster: its cross-attention (at most 128 text tokens) from sm_80
+    on, its self-attention at head dim 64 on Hopper with a build for sm_90a; the tiny model's
+    few tokens run SDPA at the real bound (MIN_TOKENS) and ours with the bound at 1. No worse
+    than stock against fp32, eager and under fullgraph compile. A backend chosen with diffusers'
+    API (the active one, or the model's set_attention_backend("native")) takes the dispatcher."""
     hopper = torch.cuda.get_device_capability()[0] == 9 and ltx_kernels.ops.SM90A_KERNELS
     reference = tiny_model("cuda", head_dim=head_dim)
     kw = step_kwargs(reference, "interpolation_scale", per_token=False)
@@ -441,11 +439,10 @@ def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_
     attention = ltx_kernels.ops.attention
     monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(a[1].size(2)) or attention(*a, **k))
     text, video = kw["encoder_hidden_states"].size(1), kw["hidden_states"].size(1)
-    assert video < ltx_video.SELF_ATTENTION_MIN_KEYS
+    assert video < _diffusers_attention.MIN_TOKENS
     assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
-    assert calls == [text] * len(model.transformer_blocks)  # keys per call: the cross-attentions
-    monkeypatch.setattr(ltx_video, "SELF_ATTENTION_MIN_KEYS", 1)
-    calls.clear()
+    assert calls == []
+    monkeypatch.setattr(_diffusers_attention, "MIN_TOKENS", 1)
     assert rel_err(model(**kw)[0], expected) <= SLACK * stock_err
     per_block = [text] + ([video] if hopper and head_dim == 64 else [])
     assert sorted(calls) == sorted(per_block * len(model.transformer_blocks))
@@ -462,6 +459,105 @@ def test_cuda_default_attention_takes_our_kernel_where_faster(monkeypatch, head_
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)(**kw)[0]
     assert rel_err(compiled, expected) <= SLACK * stock_err
+
+
+def _cuda_like(tokens, head_dim, dtype=torch.bfloat16):
+    """What prefers_ours reads of a [B, S, H, D] CUDA tensor, without a GPU."""
+    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype,
+                           size=lambda dim: {1: tokens, -1: head_dim}[dim])
+
+
+# (query rows, keys, head_dim, dtype, mask, capability, sm_90a build) -> ours?
+ROUTES = [
+    ((8064, 8064, 64, torch.bfloat16, False, (9, 0), True), True),   # LTX-2B self-attention
+    ((8064, 8064, 64, torch.float16, False, (9, 0), True), True),
+    ((4429, 4429, 64, torch.bfloat16, False, (9, 0), True), True),   # SD3.5 joint attention
+    ((1536, 1536, 64, torch.bfloat16, False, (9, 0), True), True),   # the bound
+    ((1535, 1535, 64, torch.bfloat16, False, (9, 0), True), False),  # under it
+    ((8064, 8064, 64, torch.bfloat16, True, (9, 0), True), False),   # a mask: SDPA
+    ((8064, 8064, 64, torch.bfloat16, False, (9, 0), False), False),  # no sm_90a kernel in the build
+    ((8064, 8064, 64, torch.bfloat16, False, (8, 0), True), False),  # the portable kernel: SDPA
+    ((8064, 8064, 64, torch.bfloat16, False, (10, 0), True), False),
+    ((8064, 8064, 128, torch.bfloat16, False, (9, 0), True), False),  # head dim 128: cuDNN
+    ((8064, 128, 64, torch.bfloat16, True, (9, 0), True), True),     # text cross-attention, padded
+    ((8064, 128, 128, torch.bfloat16, True, (8, 0), True), True),
+    ((8064, 128, 128, torch.bfloat16, True, (7, 5), True), False),
+    ((8064, 129, 64, torch.bfloat16, True, (9, 0), True), False),    # past the short-key kernel, masked
+    ((1000, 128, 64, torch.bfloat16, True, (9, 0), True), False),    # too few query rows
+    ((8064, 128, 80, torch.bfloat16, True, (9, 0), True), False),    # a head dim the kernels lack
+    ((8064, 128, 64, torch.float32, True, (9, 0), True), False),
+]
+
+
+@pytest.mark.parametrize(("case", "ours"), ROUTES)
+def test_prefers_ours_is_the_measured_table(monkeypatch, case, ours):
+    """The routing rule of every integrated family (prefers_ours), case by case, on stand-ins of
+    CUDA tensors: what benchmarks/results/h100/attention.md measured faster."""
+    tokens, keys, head_dim, dtype, masked, capability, sm90a = case
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(ltx_kernels.ops, "SM90A_KERNELS", sm90a)
+    query, key = _cuda_like(tokens, head_dim, dtype), _cuda_like(keys, head_dim, dtype)
+    mask = object() if masked else None
+    assert _diffusers_attention.prefers_ours(query, key, mask) is ours
+    assert _diffusers_attention.prefers_ours(torch.zeros(1, tokens, 1, head_dim, dtype=dtype),
+                                             torch.zeros(1, keys, 1, head_dim, dtype=dtype), mask) is False  # CPU
+
+
+def _families():
+    from test_diffusers_dit import dit_kwargs, pixart_kwargs, tiny_dit, tiny_pixart
+    from test_diffusers_flux import flux_kwargs, tiny_flux
+    from test_diffusers_ltx2 import inputs as ltx2_kwargs
+    from test_diffusers_ltx2 import tiny_ltx2
+    from test_diffusers_sd3 import sd3_kwargs, tiny_sd3
+    from test_diffusers_wan import tiny_wan, wan_kwargs
+
+    return {
+        "ltx_video": (lambda: tiny_model("cpu").requires_grad_(False),
+                      lambda m: step_kwargs(m, "interpolation_scale", per_token=False)),
+        "ltx2": (tiny_ltx2, lambda m: ltx2_kwargs()),
+        "flux": (tiny_flux, lambda m: flux_kwargs()),
+        "sd3.5": (lambda: tiny_sd3(dual=True), lambda m: sd3_kwargs()),
+        "wan": (tiny_wan, lambda m: wan_kwargs()),
+        "pixart": (tiny_pixart, lambda m: pixart_kwargs()),
+        "dit": (tiny_dit, lambda m: dit_kwargs()),
+    }
+
+
+FAMILIES = ["ltx_video", "ltx2", "flux", "sd3.5", "wan", "pixart", "dit"]
+
+
+def _first_output(out):
+    return (out.sample if hasattr(out, "sample") else out[0]).float()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_routes_its_attention_by_one_rule(monkeypatch, family):
+    """Every integrated family's processors take ltx_kernels.attention by the one rule
+    (_diffusers_attention.processor_attention): on the CPU prefers_ours is False and none does;
+    with it forced true, every attention of our processors runs the op (one call each) and the
+    output is the SDPA-routed one's within fp32's bound (the op: fp64 inside, one rounding); a
+    backend chosen with diffusers' API (the model's set_attention_backend("native")) takes the
+    dispatcher again."""
+    build, kwargs = _families()[family]
+    model = build()
+    kw = kwargs(model)
+    inject_quietly(model)
+    ours = sum(1 for _, m in _diffusers_attention._attention_modules(model)
+               if type(m.processor).__module__.startswith("ltx_kernels."))
+    assert ours > 0
+    calls = []
+    attention = ltx_kernels.ops.attention
+    monkeypatch.setattr(ltx_kernels.ops, "attention", lambda *a, **k: calls.append(1) or attention(*a, **k))
+    expected = _first_output(model(**kw))
+    assert calls == []
+    monkeypatch.setattr(_diffusers_attention, "prefers_ours", lambda query, key, attn_mask: True)
+    assert_close(_first_output(model(**kw)), expected, torch.float32)
+    assert len(calls) == ours
+    calls.clear()
+    model.set_attention_backend("native")
+    model(**kw)
+    assert calls == []
 
 
 def test_sm90a_kernels_flag_is_the_build():

@@ -22,6 +22,10 @@ from ltx_kernels.bench.ltx_e2e import QUANTIZED, available_modes, each_mode, mea
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours-fp8", "ours-fp8+compile",
          "torchao-fp8+compile"]
+# ours with diffusers' native SDPA chosen for every attention (what the default routing gives
+# where our kernel is not the faster, _diffusers_attention.prefers_ours): run on request, to
+# measure the routing's share of a step.
+SDPA_MODES = ["ours+attnsdpa", "ours-fp8+attnsdpa"]
 CONFIGS = {
     "dev": dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                 num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
@@ -92,7 +96,8 @@ def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
     by = {r["mode"]: r["step_ms"] for r in rows}
     pairs = [("ours", "eager"), ("ours", "compile"), ("ours+compile", "compile"), ("ours+cudagraph", "compile"),
              ("ours-fp8", "torchao-fp8+compile"), ("ours-fp8+compile", "torchao-fp8+compile"),
-             ("ours", "ours+ropetables"), ("ours-fp8", "ours-fp8+ropetables")]
+             ("ours", "ours+ropetables"), ("ours-fp8", "ours-fp8+ropetables"),
+             ("ours", "ours+attnsdpa"), ("ours-fp8", "ours-fp8+attnsdpa")]
     speedups = [f"{a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     others = harness.other_kernels_markdown(rows, lambda r: r["mode"])
     return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
@@ -102,7 +107,7 @@ def markdown(rows: list[dict], meta: dict, model: str, reps: int) -> str:
 def add_run_arguments(parser: argparse.ArgumentParser, extra_modes: tuple[str, ...] = ()) -> None:
     """The arguments of ``run`` and the report, shared by the image-model benchmarks
     (``extra_modes``: a benchmark's own, beside MODES, not run by default)."""
-    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES + list(extra_modes))
+    parser.add_argument("--modes", nargs="+", default=MODES, choices=MODES + SDPA_MODES + list(extra_modes))
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--json")
     parser.add_argument("--markdown")

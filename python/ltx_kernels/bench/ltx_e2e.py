@@ -76,7 +76,7 @@ def set_mode(model, mode: str) -> None:
         _torchao_fp8(model)
     if "+attnsdpa" in mode:
         # A chosen backend, diffusers' native SDPA: what attention=None gives where our kernel
-        # is not the faster, measured where it is (LTX's routing, ltx_video._takes_our_kernel).
+        # is not the faster, measured where it is (_diffusers_attention.prefers_ours).
         model.set_attention_backend("native")
     if mode.endswith("compile"):
         compile_blocks(model)

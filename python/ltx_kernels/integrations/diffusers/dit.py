@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._patching import ProcessorOverStock, is_patched, realized
 from ltx_kernels.integrations.family import Family
 
@@ -53,8 +54,6 @@ class DiTKernelsAttnProcessor(ProcessorOverStock):
         """What ``__call__`` computes before the output projection: the heads' outputs ``[B, S,
         inner_dim]``. ``hidden_states`` may come quantized where
         :func:`_fp8.attention_takes_quantized` (norm1's output under FP8)."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         batch, tokens = context.shape[:2]
         if attention_mask is not None:  # as stock: [B * H, 1 or Sq, Sk] -> [B, H, ., Sk]
@@ -66,8 +65,7 @@ class DiTKernelsAttnProcessor(ProcessorOverStock):
             query = attn.norm_q(query)
         if attn.norm_k is not None:
             key = attn.norm_k(key)
-        out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                                    parallel_config=self._parallel_config)
+        out = processor_attention(self, query, key, value, attention_mask)
         return out.flatten(2, 3).to(query.dtype)
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._forwards import linear_gelu_tanh
 from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch, runs_unhooked
 from ltx_kernels.integrations.family import Family
@@ -73,8 +74,6 @@ class FluxKernelsAttnProcessor(ProcessorOverStock):
         S, inner_dim]``, for a joint attention (``encoder_hidden_states`` given) ``(image,
         text)``. ``hidden_states`` may come quantized where :func:`_fp8.attention_takes_quantized`
         (the single blocks' shared input)."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         query, key, value, encoder_query, encoder_key, encoder_value = _projections(
             attn, hidden_states, encoder_hidden_states
         )
@@ -89,8 +88,7 @@ class FluxKernelsAttnProcessor(ProcessorOverStock):
             cos, sin = image_rotary_emb  # [S, head_dim] each, pairs interleaved
             query, key = ops.apply_rotary_pos_emb(query, key, cos, sin, interleaved=True, unsqueeze_dim=2)
 
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
-                                              backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = processor_attention(self, query, key, value, attention_mask)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
             return hidden_states

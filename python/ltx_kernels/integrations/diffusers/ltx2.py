@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, patch
 from ltx_kernels.integrations.family import Family
 
@@ -122,8 +123,6 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
         (LTX-2.3), ``[B, S, inner_dim]``. ``hidden_states`` and ``encoder_hidden_states`` may
         come quantized (:class:`_fp8.Quantized`, written by a norm) where
         :func:`_fp8.attention_takes_quantized`."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         batch, length, _ = context.shape
         if attention_mask is not None:
@@ -132,8 +131,7 @@ class LTX2KernelsAttnProcessor(ProcessorOverStock):
         query, key, value = _fp8.attention_projections(attn, hidden_states, encoder_hidden_states)
         query, key = _qk_norm_rope(attn, query, key, query_rotary_emb, key_rotary_emb)
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = processor_attention(self, query, key, value, attention_mask)
         out = out.flatten(2, 3).to(query.dtype)
         if attn.to_gate_logits is not None:  # per-head gates, 2 * sigmoid (1 at zero logits)
             gates = 2.0 * torch.sigmoid(attn.to_gate_logits(hidden_states))

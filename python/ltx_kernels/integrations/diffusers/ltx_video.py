@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._patching import ProcessorOverStock, Report, attend, call_fused, is_patched, patch, realized
 from ltx_kernels.integrations.family import Family, PatchOptions
 
@@ -62,12 +63,6 @@ def rope_positions(
     ))
 
 
-# Where our Hopper kernel overtakes SDPA's cuDNN backend at head dim 64 (H100, B = 2, 32 heads, bf16:
-# 0.86-0.93x at 64-1024 keys, 1.09x at 1536, 1.19x at 2688, 1.13-1.18x at 8064-31680;
-# benchmarks/results/h100/attention.md): below it, short videos and low resolutions, SDPA stays.
-SELF_ATTENTION_MIN_KEYS = 1536
-
-
 class LtxKernelsAttnProcessor(ProcessorOverStock):
     """An LTX block's attention: projections, QK-norm (+ RoPE for attn1, one fused launch with
     in-kernel angles), attention, output projection."""
@@ -89,8 +84,6 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         """What ``__call__`` computes before the output projection: the heads' outputs, ``[B, S,
         inner_dim]`` in the query's dtype (the block writes the projection with its gated
         residual in one FP8 GEMM, :func:`_fp8.out_projection_fuses_residual`)."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         batch_size, sequence_length, _ = context.shape
         if attention_mask is not None and attention_mask.ndim == 3 and attention_mask.shape[1] == 1:
@@ -109,39 +102,8 @@ class LtxKernelsAttnProcessor(ProcessorOverStock):
         )
 
         query, key, value = (x.unflatten(2, (attn.heads, -1)) for x in (query, key, value))
-        if self._takes_our_kernel(query, key, value, cross=encoder_hidden_states is not None):
-            hidden_states = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                          attn_mask=attention_mask).transpose(1, 2)
-        else:
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend, parallel_config=self._parallel_config,
-            )
+        hidden_states = processor_attention(self, query, key, value, attention_mask)
         return hidden_states.flatten(2, 3).to(query.dtype)
-
-    def _takes_our_kernel(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cross: bool) -> bool:
-        """Whether this attention ([B, S, H, D] query, key, value) runs ``ltx_kernels.attention``
-        (exact) instead of diffusers' dispatcher: only where no backend was chosen (neither this
-        processor's nor an active one other than diffusers' default, the native SDPA), without
-        context parallelism, and where no gradient flows through it (a training forward, LoRA
-        fine-tuning, keeps SDPA, whose fused backward is faster than the op's composite one);
-        then where ours is the faster on H100 (benchmarks/results/h100/attention.md): the
-        cross-attention over LTX's text (at most 128 keys: the short-key kernel, 1.30x cuDNN)
-        from sm_80 on, and the self-attention at head dim 64 (LTX-2B) on Hopper with this
-        build's sm_90a kernel over at least SELF_ATTENTION_MIN_KEYS keys. At head dim 128 (13B)
-        cuDNN is the faster (ours 0.92-0.98x) and stays."""
-        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-        if (needs_grad or self._attention_backend is not None or self._parallel_config is not None
-                or _AttentionBackendRegistry.get_active_backend()[0] != AttentionBackendName.NATIVE
-                or query.device.type != "cuda" or query.dtype not in (torch.bfloat16, torch.float16)):
-            return False
-        capability = torch.cuda.get_device_capability(query.device)
-        if cross:
-            return key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(-1) in (64, 128) and capability >= (8, 0)
-        return (query.size(-1) == 64 and key.size(1) >= SELF_ATTENTION_MIN_KEYS and capability[0] == 9
-                and ops.SM90A_KERNELS)
 
 
 def _qk_norm_rope(attn: nn.Module, query: torch.Tensor, key: torch.Tensor, rotary) -> tuple:

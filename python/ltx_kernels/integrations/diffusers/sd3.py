@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._patching import ProcessorOverStock, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
 
@@ -53,8 +54,6 @@ class SD3KernelsJointAttnProcessor(ProcessorOverStock):
         context)``, each ``[B, S, inner_dim]`` (context None without ``encoder_hidden_states``),
         so that the block's FP8 GEMMs write the gated residuals. The inputs may come quantized
         (:class:`_fp8.Quantized`, written by the norms) where the projections take them."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.unflatten(-1, (attn.heads, -1))
 
@@ -74,8 +73,7 @@ class SD3KernelsJointAttnProcessor(ProcessorOverStock):
             query = torch.cat([query, context_query], dim=1)
             key = torch.cat([key, context_key], dim=1)
             value = torch.cat([value, context_value], dim=1)
-        out = dispatch_attention_fn(query, key, value, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = processor_attention(self, query, key, value)
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
             return out, None

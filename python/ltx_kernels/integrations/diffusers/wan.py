@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from ltx_kernels import _fp8, ops
+from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._forwards import layer_norm_forward
 from ltx_kernels._patching import ProcessorOverStock, call_fused, is_patched, runs_unhooked
 from ltx_kernels.integrations.family import Family
@@ -66,7 +67,6 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
         :func:`_wan_tables` takes: the heads' outputs ``[B, S, inner_dim]``. ``hidden_states``
         may come quantized (:class:`_fp8.Quantized`, norm1's output under FP8) where the q/k/v
         projections take it (:func:`_fp8.attention_takes_quantized`)."""
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
         cos, sin = rotary_emb
@@ -79,11 +79,8 @@ class WanKernelsAttnProcessor(ProcessorOverStock):
         value = value.unflatten(2, (attn.heads, -1))
         query, key = ops.apply_rotary_pos_emb(query, key, cos[0, :, 0], sin[0, :, 0], interleaved=True,
                                               unsqueeze_dim=2)
-        hidden_states = dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=self._parallel_config if encoder_hidden_states is None else None,
-        )
+        hidden_states = processor_attention(self, query, key, value, attention_mask,
+                                            parallel=encoder_hidden_states is None)
         return hidden_states.flatten(2, 3).type_as(query)
 
 
