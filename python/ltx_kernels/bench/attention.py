@@ -37,6 +37,9 @@ SHAPES = [
     # where inject() with no attention backend routes to it; attention.md)
     ("short 1024", 2, 32, 1024, 1024, 64, False),
     ("short 1536", 2, 32, 1536, 1536, 64, False),
+    # SD3.5 at 1024x1024: the joint attention (4096 image + 333 text tokens, head dim 64) that the
+    # default routing sends to our kernel
+    ("SD3.5 1024x1024 joint", 2, 38, 4429, 4429, 64, False),
 ]
 IMPLS = ["sdpa_flash", "sdpa_cudnn", "fa3_bf16", "fa3_fp8", "sage", "ours_bf16", "ours_8bit"]
 
