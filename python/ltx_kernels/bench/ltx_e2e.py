@@ -6,8 +6,8 @@
 Full-size random weights (``--config 2b|13b``), bf16, CFG batch 2, 128 text tokens, 512x768,
 the setup of benchmarks/results/h100/ltx_e2e.md. Modes, run one after another on the same model:
 stock eager, stock + torch.compile (``compile_repeated_blocks(fullgraph=True)``), ours
-(``ltx_kernels.diffusers.inject``), ours + torch.compile, ours captured in one CUDA graph, ours with
-our exact attention kernel (``inject(attention="bf16")``: the ``ltx_kernels`` diffusers attention
+(``ltx_kernels.diffusers.inject``), ours + torch.compile, ours replayed from a CUDA graph
+(``ltx_kernels.cuda_graph.capture``), ours with our exact attention kernel (``inject(attention="bf16")``: the ``ltx_kernels`` diffusers attention
 backend instead of SDPA) and with our 8-bit attention (``inject(attention="8bit")``: the
 ``ltx_kernels_8bit`` backend), alone and with torch.compile; then, each on a fresh copy of the
 same random weights (quantizing is one-way): ours in FP8 (``inject(precision="fp8")``), alone,
@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from ltx_kernels import cuda_graph
 from ltx_kernels.bench import harness, ltx_models
 
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnsdpa", "ours+attnbf16",
@@ -107,44 +108,24 @@ def available_modes(modes: list[str]) -> list[str]:
     return modes
 
 
-def cuda_graph_step(step):
-    """``step`` captured once into a CUDA graph over its (static) inputs; replays it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-
-    def replay():
-        graph.replay()
-        return out
-
-    return replay
-
-
 def measure_step(forward, mode: str, reps: int, reference, row: dict):
     """Times one transformer step ``forward()`` (it returns the output) in ``mode`` into
-    ``row``: the first call, a CUDA graph for '+cudagraph' modes, warm-up, the error against
-    ``reference`` (this output when None), the median step time, peak memory and the kernel
-    split. Returns the reference. Shared with the FLUX benchmark."""
+    ``row``: the first call (for '+cudagraph' modes, ltx_kernels.cuda_graph's recording), warm-up,
+    the error against ``reference`` (this output when None), the median step time, peak memory and
+    the kernel split. Returns the reference. Shared with the FLUX benchmark."""
     t0 = time.perf_counter()
     out = forward()
     torch.cuda.synchronize()
     row["first_call_s"] = time.perf_counter() - t0
-    step = cuda_graph_step(forward) if mode.endswith("+cudagraph") else forward
     for _ in range(3):
-        out = step()
+        out = forward()
     if reference is None:
         reference = out.float().clone()
     row["err_vs_eager"] = harness.rel_err(out, reference)
     torch.cuda.reset_peak_memory_stats()
-    row["step_ms"] = harness.time_ms(step, reps)
+    row["step_ms"] = harness.time_ms(forward, reps)
     row["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    row["kernels_ms"] = harness.kernel_split_ms(step)
+    row["kernels_ms"] = harness.kernel_split_ms(forward)
     return reference
 
 
@@ -156,7 +137,10 @@ def each_mode(stock, fresh, modes):
     for mode in modes:
         model = fresh() if mode in QUANTIZED else stock
         set_mode(model, mode.removesuffix("+cudagraph"))
+        if mode.endswith("+cudagraph"):  # the forward replayed from a CUDA graph, as a user gets it
+            cuda_graph.capture(model)
         yield mode, model
+        cuda_graph.release(model)
         del model
         harness.release_memory()
     if stock is not None:
