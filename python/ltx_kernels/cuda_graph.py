@@ -126,7 +126,8 @@ def capture(module: nn.Module) -> nn.Module:
         if torch.is_grad_enabled():
             raise RuntimeError("ltx_kernels.cuda_graph: a captured forward runs without autograd: call it under "
                                "torch.no_grad() or torch.inference_mode(), or call release(module) to train")
-        key = (_signature("args", args), tuple((k, _signature(k, v)) for k, v in sorted(kwargs.items())))
+        kwargs = dict(sorted(kwargs.items()))  # (one order for the key and the tensors' copies)
+        key = (_signature("args", args), tuple((k, _signature(k, v)) for k, v in kwargs.items()))
         recorded = graphs.get(key)
         if recorded is None:
             recorded = graphs[key] = _Recorded(forward, args, kwargs, pool)

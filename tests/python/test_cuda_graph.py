@@ -51,11 +51,16 @@ def test_cuda_replayed_steps_equal_eager_steps():
     kw = as_dtype(step_kwargs(model, "interpolation_scale", per_token=False), torch.bfloat16)
     timesteps = [900.0, 500.0, 100.0]
     expected = _steps(model, kw, timesteps)
+    plain = model(**kw)[0].clone()
     patched_forward = model.__dict__.get("forward")  # (inject's model-level forward)
     cuda_graph.capture(model)
     got = _steps(model, kw, timesteps)
     for g, e in zip(got, expected):
         assert torch.equal(g, e)
+    # the keyword arguments' order does not matter (the key and the copies sort them)
+    reordered = dict(reversed(list(kw.items())))
+    assert torch.equal(model(**reordered)[0], plain)
+    assert torch.equal(model(**kw)[0], plain)
     # outputs are the caller's: a later replay does not change them
     first = model(**kw)[0]
     kept = first.clone()
