@@ -75,13 +75,20 @@ def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor
 MIN_TOKENS = 1536
 
 
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    """A CUDA device's compute capability, read once per device (attention is called ~56 times
+    an LTX step)."""
+    return torch.cuda.get_device_capability(index)
+
+
 def prefers_ours(query: torch.Tensor, key: torch.Tensor, attn_mask) -> bool:
     """Whether ltx_kernels.attention (exact) is the faster for these ``[B, S, H, D]`` inputs
     (see MIN_TOKENS)."""
     if (query.device.type != "cuda" or query.dtype not in _CUDA_DTYPES or query.size(-1) not in _CUDA_HEAD_DIMS
             or query.size(1) < MIN_TOKENS):
         return False
-    capability = torch.cuda.get_device_capability(query.device)
+    capability = _capability(query.device.index)
     if key.size(1) <= ops.ATTENTION_SHORT_KEYS:
         return capability >= (8, 0)
     return (query.size(-1) == 64 and attn_mask is None and key.size(1) >= MIN_TOKENS and capability[0] == 9

@@ -9,8 +9,8 @@ An eager step launches each kernel from Python (an LTX-2B FP8 step: ~530 launche
 videos the GPU waits for them: on an H100, LTX-2B FP8 at 49 frames took 30.3-45.8 ms a step
 eagerly, depending on the host, and 28.8-29.0 ms replayed from one graph
 (benchmarks/results/h100/pdl.md). ``capture`` puts a wrapper in the module's ``forward``: per
-signature of its arguments (each tensor's shape, dtype, device and strides, every other
-argument's value), the first call runs the forward twice on a side stream (warm-up: workspaces,
+signature of its arguments (their structure as torch's pytree flattens it: tuples, lists, dicts;
+each tensor's shape, dtype, device and strides; every other leaf's type and value), the first call runs the forward twice on a side stream (warm-up: workspaces,
 cuBLAS handles) and records it into a CUDA graph over static copies of the tensor arguments; every
 call copies its tensors into those, replays the graph and returns a copy of the outputs (so that a
 caller may keep them across calls). A denoising loop with fixed sizes (a pipeline with CFG) thus
@@ -19,93 +19,84 @@ records one graph. The graphs share one memory pool.
 What a graph holds fixed, and ``capture`` therefore requires: the parameters' storage (a change
 of the weights in place shows, a replaced parameter does not: call ``capture`` again after
 ``inject``, LoRA loading or fusing, offloading changes), no autograd (the forward must run
-under ``torch.no_grad()`` or inference mode, as pipelines call it), CUDA tensors, and argument
-values that are hashable (ints, floats, strings, tuples, None). Anything else raises a
+under ``torch.no_grad()`` or inference mode, as pipelines call it), CUDA tensors, and other
+argument values that are hashable (ints, floats, strings, None, in any nesting). Anything else raises a
 ValueError naming the argument; nothing falls back to an eager call silently.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 _STATE = "_ltx_kernels_cuda_graph"
 
 
-def _signature(name: str, value):
-    """The part of a call's key that ``value`` contributes (argument ``name``)."""
+def _argument_name(path) -> str:
+    """``args[0]``, ``encoder_hidden_states`` or ``attention_kwargs['scale']`` for a leaf's path
+    in ``(args, kwargs)``."""
+    in_args, where = path[0].idx == 0, path[1]
+    return (f"args[{where.idx}]" if in_args else str(where.key)) + pytree.keystr(path[2:])
+
+
+def _leaf_signature(value):
+    """What a leaf of the arguments contributes to a call's key; None where it cannot key a
+    graph (a CPU tensor, an unhashable value)."""
     if isinstance(value, torch.Tensor):
         if value.device.type != "cuda":
-            raise ValueError(f"ltx_kernels.cuda_graph: argument '{name}' is on {value.device}: a CUDA graph "
-                             "replays CUDA tensors only (move the inputs, or call release(module))")
-        return ("tensor", tuple(value.shape), value.dtype, value.device, value.stride())
-    if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(_signature(f"{name}[{i}]", v) for i, v in enumerate(value)))
+            return None
+        return (tuple(value.shape), value.dtype, value.device, value.stride())
     try:
         hash(value)
     except TypeError:
+        return None
+    return (type(value), value)  # (1, 1.0 and True are equal keys otherwise)
+
+
+def _refuse(args: tuple, kwargs: dict):
+    """Raises the ValueError that names the first argument which cannot key a graph."""
+    for path, value in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if _leaf_signature(value) is not None:
+            continue
+        name = _argument_name(path)
+        if isinstance(value, torch.Tensor):
+            raise ValueError(f"ltx_kernels.cuda_graph: argument '{name}' is on {value.device}: a CUDA graph "
+                             "replays CUDA tensors only (move the inputs, or call release(module))")
         raise ValueError(f"ltx_kernels.cuda_graph: argument '{name}' ({type(value).__name__}) is neither a "
-                         "tensor nor hashable: its value cannot key a recorded graph") from None
-    return ("value", value)
+                         "tensor nor hashable: its value cannot key a recorded graph")
 
 
-def _tensors(value):
-    """The tensors in ``value`` (nested tuples and lists), in order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _with_tensors(value, tensors):
-    """``value`` with its tensors replaced by the next ones of the iterator ``tensors``."""
-    if isinstance(value, torch.Tensor):
-        return next(tensors)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_with_tensors(v, tensors) for v in value)
-    return value
-
-
-def _copy_outputs(value):
-    """The forward's outputs with each tensor copied out of the graph's pool."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copy_outputs(v) for v in value)
-    if dataclasses.is_dataclass(value):  # diffusers' output classes (return_dict=True)
-        return type(value)(**{f.name: _copy_outputs(getattr(value, f.name)) for f in dataclasses.fields(value)})
-    if isinstance(value, dict):
-        return {k: _copy_outputs(v) for k, v in value.items()}
-    return value
+def _clone_tensors(value):
+    """``value`` (any pytree: tuples, dicts, diffusers' output classes) with its tensors copied."""
+    return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, value)
 
 
 class _Recorded:
     """One signature's graph: static copies of the tensor arguments, the graph, its outputs."""
 
-    def __init__(self, forward, args: tuple, kwargs: dict, pool):
-        self.inputs = [t.clone() for t in _tensors((args, tuple(kwargs.values())))]
+    def __init__(self, forward, leaves: list, spec, pool):
+        self.inputs = [v.clone() for v in leaves if isinstance(v, torch.Tensor)]
         static = iter(self.inputs)
-        self.args = _with_tensors(args, static)
-        self.kwargs = dict(zip(kwargs, _with_tensors(tuple(kwargs.values()), static)))
+        args, kwargs = pytree.tree_unflatten([next(static) if isinstance(v, torch.Tensor) else v for v in leaves],
+                                             spec)
         side = torch.cuda.Stream(device=self.inputs[0].device if self.inputs else None)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazily made workspaces and handles, outside the graph
-                forward(*self.args, **self.kwargs)
+                forward(*args, **kwargs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = forward(*self.args, **self.kwargs)
+            self.outputs = forward(*args, **kwargs)
 
-    def __call__(self, args: tuple, kwargs: dict):
-        for static, t in zip(self.inputs, _tensors((args, tuple(kwargs.values())))):
-            static.copy_(t)
+    def __call__(self, tensors: list):
+        if tensors:
+            torch._foreach_copy_(self.inputs, tensors)  # (one launch for all, where they allow it)
         self.graph.replay()
-        return _copy_outputs(self.outputs)
+        return _clone_tensors(self.outputs)
 
 
 def capture(module: nn.Module) -> nn.Module:
@@ -127,11 +118,14 @@ def capture(module: nn.Module) -> nn.Module:
             raise RuntimeError("ltx_kernels.cuda_graph: a captured forward runs without autograd: call it under "
                                "torch.no_grad() or torch.inference_mode(), or call release(module) to train")
         kwargs = dict(sorted(kwargs.items()))  # (one order for the key and the tensors' copies)
-        key = (_signature("args", args), tuple((k, _signature(k, v)) for k, v in kwargs.items()))
-        recorded = graphs.get(key)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        signature = tuple(_leaf_signature(v) for v in leaves)
+        if None in signature:
+            _refuse(args, kwargs)
+        recorded = graphs.get((spec, signature))
         if recorded is None:
-            recorded = graphs[key] = _Recorded(forward, args, kwargs, pool)
-        return recorded(args, kwargs)
+            recorded = graphs[(spec, signature)] = _Recorded(forward, leaves, spec, pool)
+        return recorded([v for v in leaves if isinstance(v, torch.Tensor)])
 
     # (what release() restores: a forward set on the instance before, e.g. by a patch, or none)
     module.__dict__[_STATE] = module.__dict__.get("forward")

@@ -85,8 +85,9 @@ def test_cuda_bad_uses_raise_naming_the_problem():
     with torch.no_grad():
         with pytest.raises(ValueError, match="argument 'hidden_states' is on cpu"):
             model(**dict(kw, hidden_states=kw["hidden_states"].cpu()))
-        with pytest.raises(ValueError, match=r"argument 'attention_kwargs' \(dict\) is neither a tensor nor hashable"):
-            model(**kw, attention_kwargs={"scale": 1.0})
+        with pytest.raises(ValueError, match=r"argument 'attention_kwargs\['scale'\]' \(set\) is neither a tensor nor "
+                                             "hashable"):
+            model(**kw, attention_kwargs={"scale": {1.0}})
     # capture again: the graphs start anew, the forward is wrapped once
     cuda_graph.capture(model)
     assert cuda_graph.release(model) is True
