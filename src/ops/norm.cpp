@@ -73,9 +73,16 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   // reduce it more cheaply and hold more bytes in flight each. H100, bf16, LTX's [2, 1, 6, D]
   // modulation: adaln_rms_norm_fp8 88.5 -> 56.6 us at 16128 x 2048 and 31.3 -> 22.5 at 5376 x
   // 2048, adaln_rms_norm 66.8 -> 52.6 / 23.7 -> 19.0; 4096 and 3072 columns likewise
-  // (benchmarks/results/h100/norm_threads_per_row.md). The plain norm and the residual forms
-  // did not gain at every size, and each must keep the plan of its FP8 form.
-  const bool four_per_thread = p.type == NormType::kRms && p.scale.ptr != nullptr && p.residual == nullptr;
+  // (benchmarks/results/h100/norm_threads_per_row.md). The plain RMS norm and the residual
+  // forms did not gain at every size, and each must keep the plan of its FP8 form. Layer norms
+  // (plain and AdaLN; they take no residual) gain too from 1000 rows on, where every SM has
+  // rows to interleave (H100: layer_norm 16128 x 2048 bf16 57.4 -> 52.3 us, adaln_layer_norm
+  // 74.9 -> 64.5, its FP8 form 96.7 -> 72.4; 1.00-1.18x at the held-out sizes but 0.95x at
+  // 1000 x 1536), and lose below (1-64 rows: 5.7-6.3 -> 7.6-7.8 us), where a row's latency is the
+  // call's (benchmarks/results/h100/norm_plans.md).
+  const bool four_per_thread =
+      p.residual == nullptr && ((p.type == NormType::kLayer && p.rows >= 1000) ||
+                                (p.type == NormType::kRms && p.scale.ptr != nullptr));
   const int64_t target = four_per_thread ? ceil_div(nvec, 4) : nvec;
   // Vectorized rows of at most 16 vectors (head_dim 64 / 128 in 16 bits: the QK norms of
   // FLUX, SD3, Qwen3) take 8 or 16 threads, several rows a warp: with 32, three quarters of

@@ -316,11 +316,22 @@ TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
   NormParams fp8 = plan_params(DType::kBFloat16, 2048);
   fp8.out_fp8 = reinterpret_cast<uint8_t*>(0x3000);
   EXPECT_EQ(plan_norm(fp8).threads_per_row, 256);
-  // AdaLN layer norm keeps the plain plan.
+  // Layer norms, plain and AdaLN (with or without the FP8 output): 4 vectors a thread too from
+  // 1000 rows on; fewer rows keep the plain plan.
   NormParams layer = plan_params(DType::kBFloat16, 2048);
   layer.type = NormType::kLayer;
-  layer.scale.ptr = reinterpret_cast<const void*>(0x4000);
-  EXPECT_EQ(plan_norm(layer).threads_per_row, 256);
+  for (bool adaln : {false, true}) {
+    for (bool fp8 : {false, true}) {
+      layer.scale.ptr = adaln ? reinterpret_cast<const void*>(0x4000) : nullptr;
+      layer.out_fp8 = fp8 ? reinterpret_cast<uint8_t*>(0x3000) : nullptr;
+      layer.rows = 1000;
+      EXPECT_EQ(plan_norm(layer).threads_per_row, 64);
+      EXPECT_EQ(plan_norm(layer).items, 4);
+      layer.rows = 999;
+      EXPECT_EQ(plan_norm(layer).threads_per_row, 256);
+      EXPECT_EQ(plan_norm(layer).items, 1);
+    }
+  }
 }
 
 TEST(NormPlan, ShortRowsShareAWarp) {
