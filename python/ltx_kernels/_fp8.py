@@ -163,9 +163,38 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return ops.fp8_linear(rows(x), self.weight, self.weight_scale, bias_of(self, x.dtype))
 
 
+def _adjacent(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The tensors as one, concatenated along dim 0, where each one's elements follow the
+    previous one's in one storage (how :func:`quantize_linears` stores a projection group's
+    weights, scales and biases); else None."""
+    first = tensors[0]
+    if first is None or not first.is_contiguous():
+        return None
+    storage, end, rows = first.untyped_storage().data_ptr(), first.data_ptr(), 0
+    for t in tensors:
+        if (t is None or t.dtype != first.dtype or t.shape[1:] != first.shape[1:] or not t.is_contiguous()
+                or t.data_ptr() != end or t.untyped_storage().data_ptr() != storage):
+            return None
+        rows += t.size(0)
+        end += t.numel() * t.element_size()
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
 def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: torch.dtype) -> list[torch.Tensor]:
-    return [ops.fp8_linear(q, m.weight, m.weight_scale, bias_of(m, dtype), x_scale=scale, out_dtype=dtype)
-            for m in linears]
+    """``[m(x) for m in linears]`` for an ``x`` quantized as ``(q, scale)``: one GEMM for all when
+    their weights are stored adjacent (a projection group of :func:`quantize_linears`), the
+    outputs then views of its output (strided rows); else one GEMM each. (Under torch.compile,
+    one each: the storage addresses that prove adjacency are not traceable.)"""
+    biases = [bias_of(m, dtype) for m in linears]
+    if len(linears) > 1 and not torch.compiler.is_compiling():
+        weight = _adjacent([m.weight for m in linears])
+        weight_scale = _adjacent([m.weight_scale for m in linears]) if weight is not None else None
+        bias = None if all(b is None for b in biases) else _adjacent(biases)
+        if weight_scale is not None and (bias is not None or all(b is None for b in biases)):
+            out = ops.fp8_linear(q, weight, weight_scale, bias, x_scale=scale, out_dtype=dtype)
+            return list(out.split([m.out_features for m in linears], dim=-1))
+    return [ops.fp8_linear(q, m.weight, m.weight_scale, b, x_scale=scale, out_dtype=dtype)
+            for m, b in zip(linears, biases)]
 
 
 def matmul_gated_residual(q: torch.Tensor, scale: torch.Tensor, linear: nn.Linear, residual: torch.Tensor,
@@ -209,7 +238,8 @@ def take_quantized(modules) -> bool:
 def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list[torch.Tensor]:
     """``[m(x) for m in modules]``; when every module is an FP8 linear of ours without hooks,
     ``x`` is quantized once for all of them (attention's q/k/v read the same input), or comes
-    quantized (:class:`Quantized`, for modules that :func:`take_quantized`). A peft adapter
+    quantized (:class:`Quantized`, for modules that :func:`take_quantized`), and one GEMM
+    computes them where :func:`quantize_linears` stored them as a group. A peft adapter
     added around one of our FP8 linears raises (:func:`check_adapters`)."""
     if isinstance(x, Quantized):
         return _quantized_matmuls(x.q, x.scale, modules, x.dtype)
@@ -405,11 +435,47 @@ def _inside_adapters(model: nn.Module) -> dict[int, str]:
     return found
 
 
-def quantize_linears(model: nn.Module, skip: tuple[str, ...], report) -> None:
+def _storable_together(group: tuple[nn.Linear, ...]) -> bool:
+    """Whether a group's weights (and biases) can share one storage: one input size, dtype and
+    device, and a bias on each or on none."""
+    first = group[0]
+    same = all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+               and m.weight.device == first.weight.device for m in group)
+    if all(m.bias is None for m in group):
+        return same
+    return same and all(m.bias is not None and m.bias.dtype == first.bias.dtype
+                        and m.bias.device == first.bias.device for m in group)
+
+
+def _quantize(group: tuple[nn.Linear, ...]) -> int:
+    """Quantizes the group's weights (one linear, or a group :func:`_storable_together`) into
+    one storage, each linear's weight, scale (and bias, for a group) a view of its rows;
+    patches their forward. Returns the bytes of the FP8 weights and scales."""
+    quantized = [ops.quantize_fp8(m.weight.detach()) for m in group]
+    weights = torch.cat([q for q, _ in quantized]) if len(group) > 1 else quantized[0][0]
+    scales = torch.cat([s for _, s in quantized]) if len(group) > 1 else quantized[0][1]
+    biases = torch.cat([m.bias.detach() for m in group]) if len(group) > 1 and group[0].bias is not None else None
+    row = 0
+    for module, (q, _) in zip(group, quantized):
+        rows = slice(row, row + q.size(0))
+        row = rows.stop
+        module.weight = nn.Parameter(weights[rows], requires_grad=False)
+        module.register_buffer("weight_scale", scales[rows])
+        if biases is not None:
+            module.bias = nn.Parameter(biases[rows], requires_grad=module.bias.requires_grad)
+        patch(module, _forward)
+        module.__dict__[MARKER] = True
+    return weights.numel() + scales.numel() * 4
+
+
+def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=()) -> None:
     """Quantizes every plain ``nn.Linear`` of ``model`` whose qualified name matches no pattern
-    of ``skip`` (fnmatch); records what it did and the weight memory in ``report``."""
-    before = after = 0
+    of ``skip`` (fnmatch); records what it did and the weight memory in ``report``. ``groups``:
+    tuples of linears computed from one input (a family's ``projection_groups``); a group that
+    is quantized whole gets its weights, scales and biases stored adjacent, in its order, so
+    that :func:`linears` computes it in one GEMM."""
     in_adapters = _inside_adapters(model)
+    chosen = {}
     for name, module in model.named_modules():
         if type(module) is not nn.Linear or is_quantized(module) or any(fnmatch.fnmatch(name, p) for p in skip):
             continue
@@ -417,15 +483,15 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report) -> None:
         if why is not None:
             report.skipped.append(f"{type(model).__name__}.{name} stays bf16 under fp8: {why}")
             continue
-        weight = module.weight.detach()
-        before += weight.numel() * weight.element_size()
-        q, scale = ops.quantize_fp8(weight)
-        module.weight = nn.Parameter(q, requires_grad=False)
-        module.register_buffer("weight_scale", scale)
-        after += q.numel() + scale.numel() * 4
-        patch(module, _forward)
-        module.__dict__[MARKER] = True
-        report.patched[KIND] += 1
+        chosen[id(module)] = module
+    before = sum(m.weight.numel() * m.weight.element_size() for m in chosen.values())
+    report.patched[KIND] += len(chosen)
+    after = 0
+    for group in groups:
+        if all(id(m) in chosen for m in group) and _storable_together(group):
+            after += _quantize(tuple(chosen.pop(id(m)) for m in group))
+    for module in chosen.values():
+        after += _quantize((module,))
     for module in model.modules():
         if not is_patched(module) and _fusable_feed_forward(module):
             patch(module, _feed_forward)

@@ -251,11 +251,13 @@ def _patch_kernels(model: nn.Module, options: PatchOptions, precision: str, fp8_
     """inject's kernels (all but the attention backend) on one model of supported dtype and device:
     each model family's patches (:mod:`ltx_kernels.integrations.diffusers`), then the by-class ones."""
     fused: set[int] = set()
+    groups: list[tuple[nn.Module, ...]] = []
     for module in model.modules():
         family = family_of(module)
         if family is not None:
             family.patch(module, report, options)
             fused |= {id(m) for m in family.fused(module)}
+            groups += family.projection_groups(module)
     for name, module in model.named_modules():
         if id(module) in fused or is_patched(module):
             continue
@@ -279,7 +281,7 @@ def _patch_kernels(model: nn.Module, options: PatchOptions, precision: str, fp8_
             report.notes.append(f"{left}; no fused kernel reads their weights (a GELU-tanh projection among "
                                 "them runs unfused: its library's linear, then gelu_tanh)")
     if precision == "fp8":
-        _fp8.quantize_linears(model, skip, report)
+        _fp8.quantize_linears(model, skip, report, groups)
     report.note_training(model)
 
 

@@ -337,6 +337,17 @@ def fused_submodules(model: nn.Module) -> list[nn.Module]:
     ]
 
 
+def projection_groups(model: nn.Module) -> list[tuple[nn.Module, ...]]:
+    """Each patched block's self-attention q/k/v (``ltx_qk_norm_rope`` and the attention read
+    them as strided rows of one GEMM's output) and its cross-attention's k/v (of the text)."""
+    return [
+        group
+        for block in model.transformer_blocks
+        if is_patched(block)
+        for group in ((block.attn1.to_q, block.attn1.to_k, block.attn1.to_v), (block.attn2.to_k, block.attn2.to_v))
+    ]
+
+
 def _model_classes() -> tuple[type, ...]:
     from diffusers.models.transformers.transformer_ltx import LTXVideoTransformer3DModel
 
@@ -378,4 +389,4 @@ def patch_model(model: nn.Module, report: Report, options: PatchOptions) -> None
     report.skipped.append(f"{name}.forward: {why}; RoPE tables and the output norm stay stock")
 
 
-FAMILY = Family("LTX-Video", _model_classes, patch_model, fused_submodules)
+FAMILY = Family("LTX-Video", _model_classes, patch_model, fused_submodules, projection_groups)
