@@ -249,8 +249,24 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
 
     if len(modules) < 2 or not all(is_quantized(m) for m in modules):
         check_adapters(modules)
-        return unfused()
+        return _plain_matmuls(x, modules) or unfused()
     return call_fused(modules, lambda: _quantized_matmuls(*ops.quantize_fp8(rows(x)), modules, x.dtype), unfused)
+
+
+def _plain_matmuls(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
+    """``[m(x) for m in linears]`` as one ``F.linear`` for plain, unhooked linears of the
+    model's dtype that :func:`quantize_linears` stored adjacent (a group it left unquantized,
+    e.g. LTX's text k/v); None for any others. (Not under torch.compile: see
+    :func:`_quantized_matmuls`.)"""
+    if (len(linears) < 2 or torch.compiler.is_compiling()
+            or not all(type(m) is nn.Linear and not is_patched(m) and runs_unhooked(m) for m in linears)):
+        return None
+    weight = _adjacent([m.weight for m in linears])
+    no_bias = all(m.bias is None for m in linears)
+    bias = None if no_bias else _adjacent([m.bias for m in linears])
+    if weight is None or (bias is None and not no_bias):
+        return None
+    return list(nn.functional.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1))
 
 
 def attention_projections(attn: nn.Module, hidden_states, encoder_hidden_states=None) -> list[torch.Tensor]:
@@ -447,6 +463,20 @@ def _storable_together(group: tuple[nn.Linear, ...]) -> bool:
                         and m.bias.device == first.bias.device for m in group)
 
 
+def _store_together(group: tuple[nn.Linear, ...]) -> None:
+    """Moves a group's weights (and biases) into one storage each, the modules' parameters
+    views of their rows (same values and dtype)."""
+    weights = torch.cat([m.weight.detach() for m in group])
+    biases = torch.cat([m.bias.detach() for m in group]) if group[0].bias is not None else None
+    row = 0
+    for module in group:
+        rows = slice(row, row + module.out_features)
+        row = rows.stop
+        module.weight = nn.Parameter(weights[rows], requires_grad=module.weight.requires_grad)
+        if biases is not None:
+            module.bias = nn.Parameter(biases[rows], requires_grad=module.bias.requires_grad)
+
+
 def _quantize(group: tuple[nn.Linear, ...]) -> int:
     """Quantizes the group's weights (one linear, or a group :func:`_storable_together`) into
     one storage, each linear's weight, scale (and bias, for a group) a view of its rows;
@@ -472,8 +502,8 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=())
     """Quantizes every plain ``nn.Linear`` of ``model`` whose qualified name matches no pattern
     of ``skip`` (fnmatch); records what it did and the weight memory in ``report``. ``groups``:
     tuples of linears computed from one input (a family's ``projection_groups``); a group that
-    is quantized whole gets its weights, scales and biases stored adjacent, in its order, so
-    that :func:`linears` computes it in one GEMM."""
+    is quantized whole, or kept whole in the model's dtype, gets its weights (scales) and biases
+    stored adjacent, in its order, so that :func:`linears` computes it in one GEMM."""
     in_adapters = _inside_adapters(model)
     chosen = {}
     for name, module in model.named_modules():
@@ -488,8 +518,12 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=())
     report.patched[KIND] += len(chosen)
     after = 0
     for group in groups:
-        if all(id(m) in chosen for m in group) and _storable_together(group):
+        if not _storable_together(group):
+            continue
+        if all(id(m) in chosen for m in group):
             after += _quantize(tuple(chosen.pop(id(m)) for m in group))
+        elif all(type(m) is nn.Linear and not is_quantized(m) and id(m) not in chosen for m in group):
+            _store_together(group)  # kept in the model's dtype (fp8_skip): still one GEMM
     for module in chosen.values():
         after += _quantize((module,))
     for module in model.modules():

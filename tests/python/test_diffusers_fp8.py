@@ -3,6 +3,7 @@ model, one-way semantics and argument errors. The bf16 default is covered by
 test_diffusers_ltx.py and must stay unchanged."""
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -129,25 +130,31 @@ def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(tar
     assert seen and rel_err(hooked, fused) < 1e-2  # an unfused path may round once more
 
 
-def _gemm_widths(monkeypatch) -> list[int]:
-    """Records the output width of each fp8_linear call through the integrations' ops."""
-    widths = []
+def _block_gemms(monkeypatch, model) -> list[tuple[str, int]]:
+    """Records each GEMM of ``model``'s block linears (fp8_linear, and F.linear for the linears
+    kept in the model's dtype) as (the linear whose weight it starts at, output width)."""
+    names = {m.weight.data_ptr(): name for name, m in model.transformer_blocks.named_modules()
+             if isinstance(m, torch.nn.Linear)}
+    calls = []
 
-    def counting(x, weight, *args, _op=_fp8.ops.fp8_linear, **kwargs):
-        widths.append(weight.size(0))
+    def counting(x, weight, *args, _op, **kwargs):
+        if weight.data_ptr() in names:
+            calls.append((names[weight.data_ptr()], weight.size(0)))
         return _op(x, weight, *args, **kwargs)
 
-    monkeypatch.setattr(_fp8.ops, "fp8_linear", counting)
-    return widths
+    monkeypatch.setattr(_fp8.ops, "fp8_linear", functools.partial(counting, _op=_fp8.ops.fp8_linear))
+    monkeypatch.setattr(torch.nn.functional, "linear", functools.partial(counting, _op=torch.nn.functional.linear))
+    return calls
 
 
 def _stored_apart(model) -> None:
-    """Gives every FP8 linear its own copies of its weight, scale and bias (as after a user
+    """Gives every block linear its own copies of its weight, scale and bias (as after a user
     replaces them): no group stays adjacent."""
-    for m in model.modules():
-        if _fp8.is_quantized(m):
-            m.weight = torch.nn.Parameter(m.weight.detach().clone(), requires_grad=False)
-            m.weight_scale = m.weight_scale.clone()
+    for m in model.transformer_blocks.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.detach().clone(), requires_grad=m.weight.requires_grad)
+            if _fp8.is_quantized(m):
+                m.weight_scale = m.weight_scale.clone()
             if m.bias is not None:
                 m.bias = torch.nn.Parameter(m.bias.detach().clone())
 
@@ -155,19 +162,20 @@ def _stored_apart(model) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("text_kv_fp8", [False, True])
 def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device, text_kv_fp8):
-    """attn1's q/k/v (and attn2's text k/v where they are FP8) are stored adjacent, in order,
-    in one storage per tensor kind, and computed by one GEMM whose output they read as strided
-    views; the model's output matches the one with each projection stored apart (one GEMM
-    each), which also shows that a replaced weight leaves the group's GEMM."""
+    """attn1's q/k/v and attn2's text k/v (FP8, or kept in the model's dtype as by default) are
+    stored adjacent, in order, in one storage per tensor kind, and each group is computed by
+    one GEMM whose output its projections read as strided views; the model's output matches
+    the one with each projection stored apart (one GEMM each), which also shows that replaced
+    weights leave the group's GEMM."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = model16(device).to(dtype)
     skip = [p for p in _fp8.DEFAULT_FP8_SKIP if not (text_kv_fp8 and p.startswith("*.attn2."))]
     inject_quietly(model, precision="fp8", fp8_skip=skip)
     for block in model.transformer_blocks:
-        groups = [(block.attn1.to_q, block.attn1.to_k, block.attn1.to_v)]
-        groups += [(block.attn2.to_k, block.attn2.to_v)] if text_kv_fp8 else []
-        for group in groups:
-            for kind in ("weight", "weight_scale", "bias"):
+        text_kv = (block.attn2.to_k, block.attn2.to_v)
+        assert all(_fp8.is_quantized(m) == text_kv_fp8 for m in text_kv)
+        for group in ((block.attn1.to_q, block.attn1.to_k, block.attn1.to_v), text_kv):
+            for kind in ("weight", "weight_scale", "bias") if _fp8.is_quantized(group[0]) else ("weight", "bias"):
                 tensors = [getattr(m, kind) for m in group]
                 base = tensors[0].untyped_storage().data_ptr()
                 assert all(t.untyped_storage().data_ptr() == base for t in tensors), kind
@@ -178,17 +186,22 @@ def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device
     _stored_apart(apart)
     kw = step_kwargs(model, "interpolation_scale", per_token=False)
     kw = {k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()}
-    widths = _gemm_widths(monkeypatch)
     with torch.no_grad():
-        out = model(**kw)[0]
-        grouped = list(widths)
-        widths.clear()
+        with monkeypatch.context() as patched:
+            grouped = _block_gemms(patched, model)
+            out = model(**kw)[0]
+        separate = _block_gemms(monkeypatch, apart)
         ref = apart(**kw)[0]
-    # per block: attn1's q/k/v, attn2's q, its text k/v (FP8 or not), the FF's up projection
+    # per block: attn1's q/k/v, attn2's q, its text k/v, the FF's up projection (the output
+    # projections write their residuals through fp8_linear_gated_residual)
     D = model.transformer_blocks[0].attn1.to_q.out_features
-    blocks = len(model.transformer_blocks)
-    assert grouped == [3 * D, D, *([2 * D] if text_kv_fp8 else []), 4 * D] * blocks
-    assert widths == [D, D, D, D, *([D, D] if text_kv_fp8 else []), 4 * D] * blocks
+    assert grouped == [(f"{i}.{name}", width) for i in range(len(model.transformer_blocks))
+                       for name, width in (("attn1.to_q", 3 * D), ("attn2.to_q", D), ("attn2.to_k", 2 * D),
+                                           ("ff.net.0.proj", 4 * D))]
+    assert separate == [(f"{i}.{name}", width) for i in range(len(model.transformer_blocks))
+                        for name, width in (("attn1.to_q", D), ("attn1.to_k", D), ("attn1.to_v", D),
+                                            ("attn2.to_q", D), ("attn2.to_k", D), ("attn2.to_v", D),
+                                            ("ff.net.0.proj", 4 * D))]
     if device == "cpu":
         assert torch.equal(out, ref)
     else:  # (one GEMM per width; the launcher may tile them apart)
