@@ -259,7 +259,7 @@ def _plain_matmuls(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
     e.g. LTX's text k/v); None for any others. (Not under torch.compile: see
     :func:`_quantized_matmuls`.)"""
     if (len(linears) < 2 or torch.compiler.is_compiling()
-            or not all(type(m) is nn.Linear and not is_patched(m) and runs_unhooked(m) for m in linears)):
+            or not all(_plain(m) and not is_patched(m) and runs_unhooked(m) for m in linears)):
         return None
     weight = _adjacent([m.weight for m in linears])
     no_bias = all(m.bias is None for m in linears)
@@ -463,6 +463,13 @@ def _storable_together(group: tuple[nn.Linear, ...]) -> bool:
                         and m.bias.device == first.bias.device for m in group)
 
 
+def _plain(module: nn.Module) -> bool:
+    """A plain ``nn.Linear`` whose weight is a plain floating-point parameter (not one of ours,
+    not another library's tensor subclass, e.g. torchao's)."""
+    return (type(module) is nn.Linear and type(module.weight) is nn.Parameter and module.weight.is_floating_point()
+            and module.weight.element_size() > 1 and not is_quantized(module))
+
+
 def _store_together(group: tuple[nn.Linear, ...]) -> None:
     """Moves a group's weights (and biases) into one storage each, the modules' parameters
     views of their rows (same values and dtype)."""
@@ -515,14 +522,15 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=())
             continue
         chosen[id(module)] = module
     before = sum(m.weight.numel() * m.weight.element_size() for m in chosen.values())
-    report.patched[KIND] += len(chosen)
+    if chosen:
+        report.patched[KIND] += len(chosen)
     after = 0
     for group in groups:
         if not _storable_together(group):
             continue
         if all(id(m) in chosen for m in group):
             after += _quantize(tuple(chosen.pop(id(m)) for m in group))
-        elif all(type(m) is nn.Linear and not is_quantized(m) and id(m) not in chosen for m in group):
+        elif not any(id(m) in chosen for m in group) and all(_plain(m) for m in group):
             _store_together(group)  # kept in the model's dtype (fp8_skip): still one GEMM
     for module in chosen.values():
         after += _quantize((module,))
