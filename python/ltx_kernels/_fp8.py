@@ -525,13 +525,17 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=())
     if chosen:
         report.patched[KIND] += len(chosen)
     after = 0
+    grouped = set()  # (a linear joins the first group it fits)
     for group in groups:
-        if not _storable_together(group):
+        if not _storable_together(group) or any(id(m) in grouped for m in group):
             continue
         if all(id(m) in chosen for m in group):
             after += _quantize(tuple(chosen.pop(id(m)) for m in group))
         elif not any(id(m) in chosen for m in group) and all(_plain(m) for m in group):
             _store_together(group)  # kept in the model's dtype (fp8_skip): still one GEMM
+        else:
+            continue
+        grouped |= {id(m) for m in group}
     for module in chosen.values():
         after += _quantize((module,))
     for module in model.modules():

@@ -192,6 +192,31 @@ def test_fp8_norms_write_quantized_inputs_and_gemms_write_residuals(name, monkey
     assert rel_err(got, unfused) < 1e-5  # fp32: the GEMM-written residual rounds as the pass does
 
 
+def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch):
+    """PixArt under FP8: attn1's q/k/v are one GEMM over adjacent FP8 weights, the cross-
+    attention's caption k/v one GEMM over adjacent weights kept in the model's dtype; the
+    output equals, bitwise, the one with every linear stored apart (one GEMM each)."""
+    from test_fp8 import block_gemms, stored_apart
+
+    model = tiny_pixart()
+    inject_quietly(model, precision="fp8")
+    apart = copy.deepcopy(model)
+    stored_apart(apart)
+    with torch.no_grad():
+        with monkeypatch.context() as patched:
+            grouped = block_gemms(patched, model)
+            out = model(**pixart_kwargs())[0]
+        separate = block_gemms(monkeypatch, apart)
+        ref = apart(**pixart_kwargs())[0]
+    D = model.transformer_blocks[0].attn1.to_q.out_features
+    blocks = range(len(model.transformer_blocks))
+    assert all((f"{i}.attn1.to_q", 3 * D) in grouped and (f"{i}.attn2.to_k", 2 * D) in grouped for i in blocks)
+    assert not any(name.endswith(("to_v", "attn1.to_k")) for name, _ in grouped), grouped
+    assert all({(f"{i}.attn1.to_k", D), (f"{i}.attn2.to_v", D)} <= set(separate) for i in blocks)
+    assert len(grouped) == len(separate) - 3 * len(blocks)
+    assert torch.equal(out, ref)
+
+
 def test_fp8_keeps_dit_output_projections_in_the_model_dtype():
     """DiT's output is proj_out_1 (its final AdaLN table) and proj_out_2: outside the blocks,
     they stay in the model's dtype by default, as every model's output projection."""

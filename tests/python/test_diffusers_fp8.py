@@ -3,7 +3,6 @@ model, one-way semantics and argument errors. The bf16 default is covered by
 test_diffusers_ltx.py and must stay unchanged."""
 
 import copy
-import functools
 import warnings
 
 import pytest
@@ -16,7 +15,7 @@ import ltx_kernels.diffusers as lkd  # noqa: E402
 from ltx_kernels import _fp8  # noqa: E402
 from ltx_kernels._patching import is_patched  # noqa: E402
 from test_diffusers_ltx import step_kwargs, tiny_model  # noqa: E402
-from test_fp8 import count_quantizations  # noqa: E402
+from test_fp8 import block_gemms, count_quantizations, stored_apart  # noqa: E402
 
 # FP8 linears per LTX block: attn1 q/k/v/out, attn2 q/out, FF up and down (attn2's text k/v
 # stay in the model's dtype by default: _fp8.DEFAULT_FP8_SKIP says why).
@@ -130,35 +129,6 @@ def test_fp8_hooks_on_producers_and_consumers_of_a_quantized_norm_output_run(tar
     assert seen and rel_err(hooked, fused) < 1e-2  # an unfused path may round once more
 
 
-def _block_gemms(monkeypatch, model) -> list[tuple[str, int]]:
-    """Records each GEMM of ``model``'s block linears (fp8_linear, and F.linear for the linears
-    kept in the model's dtype) as (the linear whose weight it starts at, output width)."""
-    names = {m.weight.data_ptr(): name for name, m in model.transformer_blocks.named_modules()
-             if isinstance(m, torch.nn.Linear)}
-    calls = []
-
-    def counting(x, weight, *args, _op, **kwargs):
-        if weight.data_ptr() in names:
-            calls.append((names[weight.data_ptr()], weight.size(0)))
-        return _op(x, weight, *args, **kwargs)
-
-    monkeypatch.setattr(_fp8.ops, "fp8_linear", functools.partial(counting, _op=_fp8.ops.fp8_linear))
-    monkeypatch.setattr(torch.nn.functional, "linear", functools.partial(counting, _op=torch.nn.functional.linear))
-    return calls
-
-
-def _stored_apart(model) -> None:
-    """Gives every block linear its own copies of its weight, scale and bias (as after a user
-    replaces them): no group stays adjacent."""
-    for m in model.transformer_blocks.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.weight = torch.nn.Parameter(m.weight.detach().clone(), requires_grad=m.weight.requires_grad)
-            if _fp8.is_quantized(m):
-                m.weight_scale = m.weight_scale.clone()
-            if m.bias is not None:
-                m.bias = torch.nn.Parameter(m.bias.detach().clone())
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("text_kv_fp8", [False, True])
 def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device, text_kv_fp8):
@@ -183,14 +153,14 @@ def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device
                 assert offsets == [offsets[0] + sum(t.numel() for t in tensors[:i]) for i in range(len(tensors))]
         assert block.attn1.to_q.weight.untyped_storage().data_ptr() != block.attn2.to_q.weight.untyped_storage().data_ptr()
     apart = copy.deepcopy(model)
-    _stored_apart(apart)
+    stored_apart(apart)
     kw = step_kwargs(model, "interpolation_scale", per_token=False)
     kw = {k: v.to(dtype) if torch.is_tensor(v) and k.endswith("states") else v for k, v in kw.items()}
     with torch.no_grad():
         with monkeypatch.context() as patched:
-            grouped = _block_gemms(patched, model)
+            grouped = block_gemms(patched, model)
             out = model(**kw)[0]
-        separate = _block_gemms(monkeypatch, apart)
+        separate = block_gemms(monkeypatch, apart)
         ref = apart(**kw)[0]
     # per block: attn1's q/k/v, attn2's q, its text k/v, the FF's up projection (the output
     # projections write their residuals through fp8_linear_gated_residual)

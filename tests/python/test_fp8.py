@@ -2,6 +2,7 @@
 the dequantized product (and torch._scaled_mm on the GPU), Meta shapes and bad input."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -54,6 +55,39 @@ def fp8_fused_run(model, kwargs, monkeypatch, fused_modules: tuple[str, ...], ge
     with torch.no_grad():
         out = model(**kwargs)[0]
     return out, unfused, calls, fused, passes
+
+
+def block_gemms(monkeypatch, model) -> list[tuple[str, int]]:
+    """Records each GEMM of ``model``'s block linears (fp8_linear, and F.linear for the linears
+    kept in the model's dtype) as (the linear whose weight it starts at, output width)."""
+    from ltx_kernels import _fp8
+
+    names = {m.weight.data_ptr(): name for name, m in model.transformer_blocks.named_modules()
+             if isinstance(m, torch.nn.Linear)}
+    calls = []
+
+    def counting(x, weight, *args, _op, **kwargs):
+        if weight.data_ptr() in names:
+            calls.append((names[weight.data_ptr()], weight.size(0)))
+        return _op(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(_fp8.ops, "fp8_linear", functools.partial(counting, _op=_fp8.ops.fp8_linear))
+    monkeypatch.setattr(torch.nn.functional, "linear", functools.partial(counting, _op=torch.nn.functional.linear))
+    return calls
+
+
+def stored_apart(model) -> None:
+    """Gives every block linear its own copies of its weight, scale and bias (as after a user
+    replaces them): no group stays adjacent."""
+    from ltx_kernels import _fp8
+
+    for m in model.transformer_blocks.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.detach().clone(), requires_grad=m.weight.requires_grad)
+            if _fp8.is_quantized(m):
+                m.weight_scale = m.weight_scale.clone()
+            if m.bias is not None:
+                m.bias = torch.nn.Parameter(m.bias.detach().clone())
 
 
 def count_quantizations(monkeypatch, gemm_activations: list | None = None) -> list[str]:

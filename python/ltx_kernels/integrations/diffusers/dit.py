@@ -167,4 +167,16 @@ def patch_model(model: nn.Module, report, options) -> None:
                          DiTKernelsAttnProcessor, ATTN_KIND, report)
 
 
-FAMILY = Family("PixArt / DiT", _model_classes, patch_model)
+def projection_groups(model: nn.Module) -> list[tuple[nn.Module, ...]]:
+    """Each attention of ours: its q/k/v (self-attention: one GEMM; the attention takes them as
+    strided views) and its k/v (of the context, in a cross-attention)."""
+    return [
+        group
+        for block in model.transformer_blocks
+        for attn in (block.attn1, block.attn2)
+        if attn is not None and isinstance(attn.processor, DiTKernelsAttnProcessor)
+        for group in ((attn.to_q, attn.to_k, attn.to_v), (attn.to_k, attn.to_v))
+    ]
+
+
+FAMILY = Family("PixArt / DiT", _model_classes, patch_model, projection_groups=projection_groups)
