@@ -470,18 +470,26 @@ def _plain(module: nn.Module) -> bool:
             and module.weight.element_size() > 1 and not is_quantized(module))
 
 
+def _rows_of(group: tuple[nn.Linear, ...], stacked: torch.Tensor) -> list[torch.Tensor]:
+    """Each linear's rows of ``stacked`` (the group's tensors concatenated in order), as views."""
+    starts = [0]
+    for m in group:
+        starts.append(starts[-1] + m.out_features)
+    return [stacked[lo:hi] for lo, hi in zip(starts, starts[1:])]
+
+
+def _store_biases_together(group: tuple[nn.Linear, ...]) -> None:
+    if len(group) > 1 and group[0].bias is not None:
+        for m, b in zip(group, _rows_of(group, torch.cat([m.bias.detach() for m in group]))):
+            m.bias = nn.Parameter(b, requires_grad=m.bias.requires_grad)
+
+
 def _store_together(group: tuple[nn.Linear, ...]) -> None:
     """Moves a group's weights (and biases) into one storage each, the modules' parameters
     views of their rows (same values and dtype)."""
-    weights = torch.cat([m.weight.detach() for m in group])
-    biases = torch.cat([m.bias.detach() for m in group]) if group[0].bias is not None else None
-    row = 0
-    for module in group:
-        rows = slice(row, row + module.out_features)
-        row = rows.stop
-        module.weight = nn.Parameter(weights[rows], requires_grad=module.weight.requires_grad)
-        if biases is not None:
-            module.bias = nn.Parameter(biases[rows], requires_grad=module.bias.requires_grad)
+    for m, w in zip(group, _rows_of(group, torch.cat([m.weight.detach() for m in group]))):
+        m.weight = nn.Parameter(w, requires_grad=m.weight.requires_grad)
+    _store_biases_together(group)
 
 
 def _quantize(group: tuple[nn.Linear, ...]) -> int:
@@ -489,19 +497,14 @@ def _quantize(group: tuple[nn.Linear, ...]) -> int:
     one storage, each linear's weight, scale (and bias, for a group) a view of its rows;
     patches their forward. Returns the bytes of the FP8 weights and scales."""
     quantized = [ops.quantize_fp8(m.weight.detach()) for m in group]
-    weights = torch.cat([q for q, _ in quantized]) if len(group) > 1 else quantized[0][0]
-    scales = torch.cat([s for _, s in quantized]) if len(group) > 1 else quantized[0][1]
-    biases = torch.cat([m.bias.detach() for m in group]) if len(group) > 1 and group[0].bias is not None else None
-    row = 0
-    for module, (q, _) in zip(group, quantized):
-        rows = slice(row, row + q.size(0))
-        row = rows.stop
-        module.weight = nn.Parameter(weights[rows], requires_grad=False)
-        module.register_buffer("weight_scale", scales[rows])
-        if biases is not None:
-            module.bias = nn.Parameter(biases[rows], requires_grad=module.bias.requires_grad)
-        patch(module, _forward)
-        module.__dict__[MARKER] = True
+    weights = torch.cat([q for q, _ in quantized])
+    scales = torch.cat([s for _, s in quantized])
+    for m, w, s in zip(group, _rows_of(group, weights), _rows_of(group, scales)):
+        m.weight = nn.Parameter(w, requires_grad=False)
+        m.register_buffer("weight_scale", s)
+        patch(m, _forward)
+        m.__dict__[MARKER] = True
+    _store_biases_together(group)
     return weights.numel() + scales.numel() * 4
 
 
@@ -526,16 +529,23 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...], report, groups=())
         report.patched[KIND] += len(chosen)
     after = 0
     grouped = set()  # (a linear joins the first group it fits)
+    stored = {"FP8": 0, "in the model's dtype": 0}
     for group in groups:
         if not _storable_together(group) or any(id(m) in grouped for m in group):
             continue
         if all(id(m) in chosen for m in group):
             after += _quantize(tuple(chosen.pop(id(m)) for m in group))
+            stored["FP8"] += 1
         elif not any(id(m) in chosen for m in group) and all(_plain(m) for m in group):
             _store_together(group)  # kept in the model's dtype (fp8_skip): still one GEMM
+            stored["in the model's dtype"] += 1
         else:
             continue
         grouped |= {id(m) for m in group}
+    if grouped:
+        report.notes.append(f"{type(model).__name__}: projections of one input computed as one GEMM each (their "
+                            f"weights stored adjacent): " + ", ".join(f"{n} groups {kind}" for kind, n in stored.items()
+                                                                      if n))
     for module in chosen.values():
         after += _quantize((module,))
     for module in model.modules():

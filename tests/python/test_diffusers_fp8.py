@@ -140,7 +140,10 @@ def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = model16(device).to(dtype)
     skip = [p for p in _fp8.DEFAULT_FP8_SKIP if not (text_kv_fp8 and p.startswith("*.attn2."))]
-    inject_quietly(model, precision="fp8", fp8_skip=skip)
+    report = inject_quietly(model, precision="fp8", fp8_skip=skip)
+    blocks = len(model.transformer_blocks)
+    groups = f"{2 * blocks} groups FP8" if text_kv_fp8 else f"{blocks} groups FP8, {blocks} groups in the model's dtype"
+    assert any(note.endswith(f"(their weights stored adjacent): {groups}") for note in report.notes), report.notes
     for block in model.transformer_blocks:
         text_kv = (block.attn2.to_k, block.attn2.to_v)
         assert all(_fp8.is_quantized(m) == text_kv_fp8 for m in text_kv)
@@ -165,10 +168,10 @@ def test_fp8_attention_projections_of_one_input_are_one_gemm(monkeypatch, device
     # per block: attn1's q/k/v, attn2's q, its text k/v, the FF's up projection (the output
     # projections write their residuals through fp8_linear_gated_residual)
     D = model.transformer_blocks[0].attn1.to_q.out_features
-    assert grouped == [(f"{i}.{name}", width) for i in range(len(model.transformer_blocks))
+    assert grouped == [(f"{i}.{name}", width) for i in range(blocks)
                        for name, width in (("attn1.to_q", 3 * D), ("attn2.to_q", D), ("attn2.to_k", 2 * D),
                                            ("ff.net.0.proj", 4 * D))]
-    assert separate == [(f"{i}.{name}", width) for i in range(len(model.transformer_blocks))
+    assert separate == [(f"{i}.{name}", width) for i in range(blocks)
                         for name, width in (("attn1.to_q", D), ("attn1.to_k", D), ("attn1.to_v", D),
                                             ("attn2.to_q", D), ("attn2.to_k", D), ("attn2.to_v", D),
                                             ("ff.net.0.proj", 4 * D))]
