@@ -183,18 +183,32 @@ def _adjacent(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
 def _quantized_matmuls(q: torch.Tensor, scale: torch.Tensor, linears, dtype: torch.dtype) -> list[torch.Tensor]:
     """``[m(x) for m in linears]`` for an ``x`` quantized as ``(q, scale)``: one GEMM for all when
     their weights are stored adjacent (a projection group of :func:`quantize_linears`), the
-    outputs then views of its output (strided rows); else one GEMM each. (Under torch.compile,
-    one each: the storage addresses that prove adjacency are not traceable.)"""
+    outputs then views of its output (strided rows); else one GEMM each (:func:`_merged`)."""
     biases = [bias_of(m, dtype) for m in linears]
-    if len(linears) > 1 and not torch.compiler.is_compiling():
-        weight = _adjacent([m.weight for m in linears])
-        weight_scale = _adjacent([m.weight_scale for m in linears]) if weight is not None else None
-        bias = None if all(b is None for b in biases) else _adjacent(biases)
-        if weight_scale is not None and (bias is not None or all(b is None for b in biases)):
-            out = ops.fp8_linear(q, weight, weight_scale, bias, x_scale=scale, out_dtype=dtype)
-            return list(out.split([m.out_features for m in linears], dim=-1))
+    merged = _merged(linears, biases, "weight", "weight_scale")
+    if merged is not None:
+        out = ops.fp8_linear(q, *merged, x_scale=scale, out_dtype=dtype)
+        return list(out.split([m.out_features for m in linears], dim=-1))
     return [ops.fp8_linear(q, m.weight, m.weight_scale, b, x_scale=scale, out_dtype=dtype)
             for m, b in zip(linears, biases)]
+
+
+def _merged(linears, biases: list, *kinds: str) -> tuple | None:
+    """The group's tensors of each kind (``weight``, ``weight_scale``), then its bias, each as
+    one tensor where :func:`quantize_linears` stored them adjacent (:func:`_adjacent`); None for
+    a single linear, a group stored apart, or under torch.compile (the storage addresses that
+    prove adjacency are not traceable)."""
+    if len(linears) < 2 or torch.compiler.is_compiling():
+        return None
+    tensors = []
+    for kind in kinds:
+        tensors.append(_adjacent([getattr(m, kind) for m in linears]))
+        if tensors[-1] is None:
+            return None
+    if all(b is None for b in biases):
+        return (*tensors, None)
+    bias = _adjacent(biases)
+    return None if bias is None else (*tensors, bias)
 
 
 def matmul_gated_residual(q: torch.Tensor, scale: torch.Tensor, linear: nn.Linear, residual: torch.Tensor,
@@ -256,17 +270,13 @@ def linears(x: torch.Tensor | Quantized, modules: tuple[nn.Module, ...]) -> list
 def _plain_matmuls(x: torch.Tensor, linears) -> list[torch.Tensor] | None:
     """``[m(x) for m in linears]`` as one ``F.linear`` for plain, unhooked linears of the
     model's dtype that :func:`quantize_linears` stored adjacent (a group it left unquantized,
-    e.g. LTX's text k/v); None for any others. (Not under torch.compile: see
-    :func:`_quantized_matmuls`.)"""
-    if (len(linears) < 2 or torch.compiler.is_compiling()
-            or not all(_plain(m) and not is_patched(m) and runs_unhooked(m) for m in linears)):
+    e.g. LTX's text k/v); None for any others (:func:`_merged`)."""
+    if len(linears) < 2 or not all(_plain(m) and not is_patched(m) and runs_unhooked(m) for m in linears):
         return None
-    weight = _adjacent([m.weight for m in linears])
-    no_bias = all(m.bias is None for m in linears)
-    bias = None if no_bias else _adjacent([m.bias for m in linears])
-    if weight is None or (bias is None and not no_bias):
+    merged = _merged(linears, [m.bias for m in linears], "weight")
+    if merged is None:
         return None
-    return list(nn.functional.linear(x, weight, bias).split([m.out_features for m in linears], dim=-1))
+    return list(nn.functional.linear(x, *merged).split([m.out_features for m in linears], dim=-1))
 
 
 def attention_projections(attn: nn.Module, hidden_states, encoder_hidden_states=None) -> list[torch.Tensor]:
