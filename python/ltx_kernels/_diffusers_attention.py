@@ -5,7 +5,11 @@ registered when :mod:`ltx_kernels.diffusers` is imported (nothing happens withou
 
 - ``"ltx_kernels"``: ``ltx_kernels.attention(precision="bf16")``, exact attention;
 - ``"ltx_kernels_8bit"``: ``precision="8bit"``, SageAttention's method (q and k in INT8 with
-  per-block scales, k smoothed by its mean over the keys).
+  per-block scales, k smoothed by its mean over the keys), except for a long query sequence
+  against few keys (at least ``MIN_TOKENS`` queries, at most ``ops.ATTENTION_SHORT_KEYS`` keys: a
+  DiT's text cross-attention), which gets exact attention: the short-key kernel is faster there
+  than the 8-bit method's quantization passes and key-walking kernel (H100, LTX-2B 161 frames'
+  8064 queries x 128 text keys: ~80 us against ~150 us plus 36 us to quantize q).
 
 Any model whose attention processors call ``dispatch_attention_fn`` selects them with diffusers'
 own API (``model.set_attention_backend("ltx_kernels_8bit")``, ``with attention_backend(...)``)
@@ -59,7 +63,10 @@ def _op_mask(attn_mask, query, key):
 
 
 def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor:
-    """The op on ``[B, S, H, D]`` tensors, as ``[B, H, S, D]`` views; returns ``[B, S, H, D]``."""
+    """The op on ``[B, S, H, D]`` tensors, as ``[B, H, S, D]`` views; returns ``[B, S, H, D]``.
+    The 8-bit method runs exact where :func:`exact_pays` (see the module's docstring)."""
+    if precision == "8bit" and exact_pays(query, key):
+        precision = "bf16"
     out = ops.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                         scale=scale, attn_mask=_op_mask(attn_mask, query, key), precision=precision)
     return out.transpose(1, 2)
@@ -73,6 +80,13 @@ def _attend(query, key, value, attn_mask, scale, precision: str) -> torch.Tensor
 # keys on Hopper with this build's sm_90a kernel (0.86-0.93x cuDNN at 64-1024 keys, 1.09x at
 # 1536, 1.13-1.19x at 2688-31680). At head dim 128 cuDNN is the faster (ours 0.92-0.98x).
 MIN_TOKENS = 1536
+
+
+def exact_pays(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether an 8-bit call on these ``[B, S, H, D]`` inputs runs exact attention instead: a
+    text cross-attention's shape (see the module's docstring), on every device alike, so that
+    the CPU computes what a GPU does."""
+    return key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(1) >= MIN_TOKENS
 
 
 @functools.cache

@@ -101,6 +101,29 @@ def test_selected_with_diffusers_api_on_the_stock_model(monkeypatch, precision):
 
 
 @torch.no_grad()
+def test_8bit_backend_runs_text_cross_attention_exact():
+    """The 8-bit backend's one exception: at least MIN_TOKENS queries against at most
+    ATTENTION_SHORT_KEYS keys (a DiT's text cross-attention) get exact attention, bitwise the
+    op's; one query fewer, or one key more, and it is the 8-bit method again."""
+    g = torch.Generator().manual_seed(20)
+    queries, keys = _diffusers_attention.MIN_TOKENS, ltx_kernels.ops.ATTENTION_SHORT_KEYS
+
+    def outputs(sq, sk):
+        q, k, v = (torch.randn(1, s, 2, 64, generator=g) for s in (sq, sk, sk))
+        ours = dispatch_attention_fn(q, k, v, backend="ltx_kernels_8bit")
+        op = {p: ltx_kernels.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       precision=p).transpose(1, 2) for p in ("bf16", "8bit")}
+        assert not torch.equal(op["bf16"], op["8bit"])
+        return ours, op
+
+    ours, op = outputs(queries, keys)
+    assert torch.equal(ours, op["bf16"])
+    for sq, sk in ((queries - 1, keys), (queries, keys + 1)):
+        ours, op = outputs(sq, sk)
+        assert torch.equal(ours, op["8bit"])
+
+
+@torch.no_grad()
 def test_inject_bf16_matches_stock(monkeypatch):
     reference = tiny_model("cpu")
     kw = step_kwargs(reference, "interpolation_scale", per_token=False)

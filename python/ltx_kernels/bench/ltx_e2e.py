@@ -37,14 +37,14 @@ from ltx_kernels.bench import harness, ltx_models
 MODES = ["eager", "compile", "ours", "ours+compile", "ours+cudagraph", "ours+attnsdpa", "ours+attnbf16",
          "ours+attn8bit", "ours+attn8bit+compile", "ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph",
          "ours-fp8+attnsdpa", "ours-fp8+attnbf16", "ours-fp8+attnbf16+compile", "ours-fp8+attnbf16+cudagraph",
-         "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "torchao-fp8+compile"]
+         "ours-fp8+attn8bit", "ours-fp8+attn8bit+compile", "ours-fp8+attn8bit+cudagraph", "torchao-fp8+compile"]
 # ours with diffusers' RoPE tables (inject(rope="stock")) instead of the in-kernel angles, for
 # the LTX benchmarks (LTX-Video's and LTX-2's video RoPE), to compare the two in one run.
 ROPE_TABLE_MODES = ["ours+ropetables", "ours-fp8+ropetables"]
 # Modes that change the weights (FP8 quantization): each runs on a fresh copy of the model.
 QUANTIZED = ("ours-fp8", "ours-fp8+compile", "ours-fp8+cudagraph", "ours-fp8+attnsdpa", "ours-fp8+attnbf16",
              "ours-fp8+attnbf16+compile", "ours-fp8+attnbf16+cudagraph", "ours-fp8+attn8bit",
-             "ours-fp8+attn8bit+compile", "ours-fp8+ropetables", "torchao-fp8+compile")
+             "ours-fp8+attn8bit+compile", "ours-fp8+attn8bit+cudagraph", "ours-fp8+ropetables", "torchao-fp8+compile")
 
 
 def _torchao_fp8(model) -> None:
@@ -202,7 +202,9 @@ def markdown(rows: list[dict], meta: dict, args) -> str:
                  ("ours-fp8+attnbf16+cudagraph", "torchao-fp8+compile"),
                  ("ours-fp8+attnbf16+cudagraph", "ours-fp8+attnbf16"),
                  ("ours-fp8+attn8bit", "ours-fp8"),
-                 ("ours-fp8+attn8bit+compile", "ours-fp8+compile")]
+                 ("ours-fp8+attn8bit+compile", "ours-fp8+compile"),
+                 ("ours-fp8+attn8bit+cudagraph", "ours-fp8+cudagraph"),
+                 ("ours-fp8+attn8bit+cudagraph", "torchao-fp8+compile")]
         speedups += [f"{frames}f: {a} vs {b} {by[b] / by[a]:.2f}x" for a, b in pairs if a in by and b in by]
     others = harness.other_kernels_markdown(rows, lambda r: f"{r['frames']}f {r['mode']}")
     return (head + "\n".join(lines) + "\n\nSpeed-ups: " + "; ".join(speedups)
