@@ -31,8 +31,8 @@
 #include "core/activation.cuh"
 #include "core/smem_tile.cuh"
 #include "ltx_kernels/attention.h"
-#include "ltx_kernels/quantize.h"  // kMinAmax
 #include "ops/attention_decode.h"
+#include "ops/attention_int8.cuh"
 #include "ops/attention_mma.cuh"
 #include "ops/attention_short.h"
 #include "ops/attention_sm90.h"
@@ -304,21 +304,14 @@ __global__ void __launch_bounds__(kQuantThreads) attention_quantize_kernel(const
       amax = max_op(amax, fabsf(v[i][e]));
     }
   }
-  amax = core::row_reduce<kQuantThreads>(amax, scratch, max_op);
-  amax = (amax > kMinAmax || amax != amax) ? amax : kMinAmax;
-  const float inv = __fdiv_rn(127.0f, amax);
+  amax = int8_block::amax_of(core::row_reduce<kQuantThreads>(amax, scratch, max_op));
+  const float inv = int8_block::inverse_of(amax);
   int8_t* out = (IS_K ? w.k8 : w.q8) + ((b * heads + h) * blocks + block) * kQuantBlock * D;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = min(max(__float2int_rn(__fmul_rn(v[i][e], inv)), -127), 127);
-      packed[e / 4] |= static_cast<uint32_t>(q & 0xff) << (8 * (e % 4));
-    }
-    *reinterpret_cast<uint2*>(out + (group + i * kRowGroups) * D + 8 * c) = make_uint2(packed[0], packed[1]);
+    *reinterpret_cast<uint2*>(out + (group + i * kRowGroups) * D + 8 * c) = int8_block::pack8(v[i], inv);
   }
-  if (threadIdx.x == 0) (IS_K ? w.k_scale : w.q_scale)[(b * heads + h) * blocks + block] = __fdiv_rn(amax, 127.0f);
+  if (threadIdx.x == 0) (IS_K ? w.k_scale : w.q_scale)[(b * heads + h) * blocks + block] = int8_block::scale_of(amax);
 }
 
 template <typename T, int D, bool INT8>
@@ -347,7 +340,10 @@ cudaError_t launch_typed(const AttentionParams& p, void* workspace, cudaStream_t
       attention_k_mean_kernel<D><<<static_cast<unsigned>(p.batch * p.heads_kv), D, 0, stream>>>(p, w);
       attention_quantize_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
     }
-    attention_quantize_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
+    // (the Hopper kernel quantizes q itself, tile by tile: w has no q blocks then)
+    if (w.q_blocks > 0) {
+      attention_quantize_kernel<T, D, false><<<grid(w.q_blocks, p.heads_q), kQuantThreads, 0, stream>>>(p, w);
+    }
     const cudaError_t error = cudaGetLastError();
     if (error != cudaSuccess) return error;
   }

@@ -11,7 +11,9 @@
 // V tiles go through a kStages-deep ring of shared-memory stages, continued across tiles,
 // each with a "full" mbarrier (the producer's TMA bytes landed) and an "empty" one (every
 // consumer warp is done with it). S = Q K^T reads Q and K from shared
-// memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method); the online
+// memory (bf16/fp16 k16, or INT8 k32 with exact int32 sums for the 8-bit method, whose K comes
+// quantized from its pass over k, and whose Q each consumer rounds in place at the start of
+// its tile: quantize_q); the online
 // softmax runs on the accumulators in registers, in place (the scale, and for INT8 scores the
 // k scale of each 64-key block, folded into the exponent's FMA; the running max moved only
 // when a score exceeds it by a factor over 2^8, so that O is rarely rescaled); P, rounded to
@@ -47,6 +49,7 @@
 #include "core/convert.cuh"
 #include "core/mma.cuh"
 #include "core/smem_tile.cuh"
+#include "ops/attention_int8.cuh"
 #include "ops/attention_short_softmax.cuh"
 #include "ops/attention_sm90.h"
 #include "ops/host_util.h"
@@ -90,16 +93,21 @@ struct TileShape {
 // LTX-2B 161f per ncu). They sum P as rounded for the tensor cores, the very weights that O
 // sums. (The block is whole, although 8 of its 64 columns are read: all ones, the swizzle
 // then does not matter, and the descriptor's one column-block stride reaches it.)
+// A consumer's Q buffer holds its 64 rows of q as loaded (16-bit, Q16Tile); the 8-bit method
+// rounds them to INT8 in place, the QTile layout over the buffer's first half, which Q K^T
+// reads (see quantize_q), with the amax partials of its four warps after the barriers.
 template <int D, bool INT8, class SHAPE>
 struct Layout {
   static constexpr int kQKRow = D * (INT8 ? 1 : 2);
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
+  using Q16Tile = core::SmemTile<kRowsPerConsumer, D * 2>;
   using KTile = core::SmemTile<SHAPE::kBlockN, kQKRow>;
   using VTile = core::SmemTile<SHAPE::kBlockN, D * 2>;
   static constexpr int kOnesBytes = SHAPE::kBlockN * VTile::kWidth;  // one column block
   static constexpr int bytes(int ones) {
-    return 1024 /* base alignment */ + SHAPE::kConsumers * QTile::kBytes +
-           kStages * (KTile::kBytes + VTile::kBytes + ones) + 8 * (2 + 2 * kStages);
+    return 1024 /* base alignment */ + SHAPE::kConsumers * Q16Tile::kBytes +
+           kStages * (KTile::kBytes + VTile::kBytes + ones) + 8 * (2 + 2 * kStages) +
+           (INT8 ? 16 * SHAPE::kConsumers : 0);
   }
   static constexpr int kMaxSmem = 227 * 1024;  // sm_90's dynamic shared memory per block
   static constexpr int kSumCols = bytes(kOnesBytes) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
@@ -197,8 +205,9 @@ __device__ __forceinline__ void fence_operands(Acc (&regs)[N]) {
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(regs[i]);
 }
 
-// The TMA maps of one call: Q, K (bf16/fp16 user tensors [B, H, S, D] with their strides, or
-// the INT8 workspace) and V (the user's tensor), passed by value as __grid_constant__.
+// The TMA maps of one call: Q and V (the user's bf16/fp16 tensors [B, H, S, D] with their
+// strides) and K (the user's, or the 8-bit method's INT8 workspace), passed by value as
+// __grid_constant__.
 struct TmaMaps {
   CUtensorMap q, k, v;
 };
@@ -229,6 +238,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   constexpr int kPerBlock = kQuantBlock / 2;        // a thread's scores in one such block
   using L = Layout<D, INT8, SHAPE>;
   using QTile = typename L::QTile;
+  using Q16Tile = typename L::Q16Tile;
   using KTile = typename L::KTile;
   using VTile = typename L::VTile;
   constexpr int kQKSteps = L::kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
@@ -237,12 +247,13 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   char* s_q = smem;                                  // kConsumers Q tiles
-  char* s_stage = s_q + kConsumers * QTile::kBytes;  // kStages x (K tile, V tile, ones)
+  char* s_stage = s_q + kConsumers * Q16Tile::kBytes;  // kStages x (K tile, V tile, ones)
   uint64_t* bars = reinterpret_cast<uint64_t*>(s_stage + kStages * kStageBytes);
   uint64_t* q_full = bars;
   uint64_t* q_empty = bars + 1;
   uint64_t* full = bars + 2;             // [kStages]
   uint64_t* empty = bars + 2 + kStages;  // [kStages]
+  float* q_amax = reinterpret_cast<float*>(bars + 2 + 2 * kStages);  // INT8: [kConsumers][4 warps]
 
   // (broadcast from lane 0, so that the compiler knows it is warp-uniform and keeps what
   // derives from it, e.g. the descriptors, in uniform registers)
@@ -299,10 +310,10 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       // first tile's wait passes, as do the first kStages waits on `empty`.
       const auto load_q = [&] {
         Barrier::wait(q_empty, (n & 1) ^ 1);
-        Barrier::arrive_and_expect_tx(q_full, kConsumers * QTile::kBytes);
+        Barrier::arrive_and_expect_tx(q_full, kConsumers * Q16Tile::kBytes);
 #pragma unroll
         for (int c = 0; c < kConsumers; ++c) {
-          tma_tile<QTile, QK>(maps.q, q_full, s_q + c * QTile::kBytes, at.m_block * kBlockM + c * kRowsPerConsumer,
+          tma_tile<Q16Tile, T>(maps.q, q_full, s_q + c * Q16Tile::kBytes, at.m_block * kBlockM + c * kRowsPerConsumer,
                               at.h, at.b);
         }
       };
@@ -328,8 +339,9 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, tig = lane % 4;
   const uint32_t smem16 = core::smem_addr(smem) >> 4;  // (the tiles' descriptors: constant offsets from it)
-  const Desc<QTile> q_desc = Desc<QTile>::of(smem16 + c * (QTile::kBytes >> 4));
-  constexpr uint32_t kStage16 = (kConsumers * QTile::kBytes) >> 4;  // stage 0
+  char* s_my_q = s_q + c * Q16Tile::kBytes;
+  const Desc<QTile> q_desc = Desc<QTile>::of(smem16 + c * (Q16Tile::kBytes >> 4));
+  constexpr uint32_t kStage16 = (kConsumers * Q16Tile::kBytes) >> 4;  // stage 0
   const Desc<KTile> k_desc0 = Desc<KTile>::of(smem16 + kStage16);
   const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(smem16 + kStage16 + (KTile::kBytes >> 4));
   // The tile's state, set at its start (the functions below refer to it): its batch and
@@ -499,6 +511,46 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   auto release = [&](int stage) {
     if (lane == 0) Barrier::arrive(&empty[stage]);
   };
+  // The 8-bit method's q for this tile: the warpgroup's 64 rows, loaded 16-bit into its Q
+  // buffer, rounded to INT8 in place (int8_block: one scale for the block, as the quantization
+  // pass of the other kernels rounds it), which Q K^T then reads; returns the block's scale.
+  // Rows past q's end arrived as zeros (TMA), as that pass pads them. Once per tile: the pass
+  // it replaces read and wrote all of q once more (LTX-2B 161f: 35 us an attention call).
+  auto quantize_q = [&]() -> float {
+    constexpr int kChunks = Q16Tile::kChunks;               // 16-byte chunks a row
+    constexpr int kPer = kRowsPerConsumer * kChunks / 128;  // a thread's chunks
+    float v[kPer][8];
+    float amax = 0.0f;
+    const core::NanMax max_op;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int chunk = t + 128 * i;
+      const uint4 raw = *reinterpret_cast<const uint4*>(s_my_q + Q16Tile::offset(chunk / kChunks, chunk % kChunks));
+      const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v[i][e] = core::to_float(x[e]);
+        amax = max_op(amax, fabsf(v[i][e]));
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) amax = max_op(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    float* partial = q_amax + 4 * c;
+    if (lane == 0) partial[warp] = amax;
+    cutlass::arch::NamedBarrier::sync(128, 1 + c);  // (also: every thread has read its 16-bit q)
+    amax = int8_block::amax_of(max_op(max_op(partial[0], partial[1]), max_op(partial[2], partial[3])));
+    const float inverse = int8_block::inverse_of(amax);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      // (16-bit chunk j of a row holds its columns 8 j .. 8 j + 7: half of INT8 chunk j / 2)
+      const int chunk = t + 128 * i, j = chunk % kChunks;
+      *reinterpret_cast<uint2*>(s_my_q + QTile::offset(chunk / kChunks, j / 2) + 8 * (j % 2)) =
+          int8_block::pack8(v[i], inverse);
+    }
+    cutlass::arch::fence_view_async_shared();  // the INT8 tile, to the wgmma's async proxy
+    cutlass::arch::NamedBarrier::sync(128, 1 + c);
+    return int8_block::scale_of(amax);
+  };
   // This warp is done with the tile's Q (its last Q K^T landed): one arrival.
   auto release_q = [&] {
     if (lane == 0) Barrier::arrive(q_empty);
@@ -513,8 +565,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     m0 = at.m_block * kBlockM + c * kRowsPerConsumer;
     row_lo = m0 + 16 * warp + g;
     q_factor = p.scale * kLog2e;
-    // (a warpgroup of the last query block may have no rows: its block has no scale)
-    if constexpr (INT8) q_factor *= m0 < seq_q ? w.q_scale[(b * p.heads_q + h) * w.q_blocks + m0 / kQuantBlock] : 0.0f;
     k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
     mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
     row_max[0] = row_max[1] = -INFINITY;
@@ -522,6 +572,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kOCols / 2; ++i) o[i] = 0.0f;
     Barrier::wait(q_full, n & 1);
+    if constexpr (INT8) q_factor *= quantize_q();
 
     // Intra-warpgroup overlap (FlashAttention-3): step j's Q K_j^T and step j - 1's P V_{j-1}
     // are issued together; the softmax of step j (exponentials on the SFU) runs while the
@@ -808,28 +859,24 @@ cudaError_t tma_map(CUtensorMap* map, const void* base, int elem_bytes, int64_t 
 template <typename T, int D, bool INT8, class SHAPE>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
   using L = Layout<D, INT8, SHAPE>;
-  using QTile = typename L::QTile;
+  using Q16Tile = typename L::Q16Tile;
   using KTile = typename L::KTile;
   using VTile = typename L::VTile;
   constexpr int kBlockN = SHAPE::kBlockN, kSmem = L::kSmem;
   TmaMaps maps{};
   cudaError_t error;
-  if constexpr (INT8) {
-    const Strides4 q{p.heads_q * w.q_blocks * kQuantBlock * D, w.q_blocks * kQuantBlock * D, D};
-    const Strides4 k{p.heads_kv * w.k_blocks * kQuantBlock * D, w.k_blocks * kQuantBlock * D, D};
-    error = tma_map(&maps.q, w.q8, 1, D, w.q_blocks * kQuantBlock, p.heads_q, p.batch, q, kRowsPerConsumer,
-                    QTile::kWidth);
-    if (error == cudaSuccess && p.seq_k > 0) {
+  // q as the user holds it, 16-bit (the 8-bit method rounds it in the kernel).
+  error = tma_map(&maps.q, p.q, 2, D, p.seq_q, p.heads_q, p.batch, p.q_strides, kRowsPerConsumer, Q16Tile::kWidth);
+  if (error == cudaSuccess && p.seq_k > 0) {  // no keys: no K or V load, their maps unused
+    if constexpr (INT8) {
+      const Strides4 k{p.heads_kv * w.k_blocks * kQuantBlock * D, w.k_blocks * kQuantBlock * D, D};
       error = tma_map(&maps.k, w.k8, 1, D, w.k_blocks * kQuantBlock, p.heads_kv, p.batch, k, kBlockN, KTile::kWidth);
-    }
-  } else {
-    error = tma_map(&maps.q, p.q, 2, D, p.seq_q, p.heads_q, p.batch, p.q_strides, kRowsPerConsumer, QTile::kWidth);
-    if (error == cudaSuccess && p.seq_k > 0) {
+    } else {
       error = tma_map(&maps.k, p.k, 2, D, p.seq_k, p.heads_kv, p.batch, p.k_strides, kBlockN, KTile::kWidth);
     }
-  }
-  if (error == cudaSuccess && p.seq_k > 0) {  // no keys: no K or V load, their maps unused
-    error = tma_map(&maps.v, p.v, 2, D, p.seq_k, p.heads_kv, p.batch, p.v_strides, kBlockN, VTile::kWidth);
+    if (error == cudaSuccess) {
+      error = tma_map(&maps.v, p.v, 2, D, p.seq_k, p.heads_kv, p.batch, p.v_strides, kBlockN, VTile::kWidth);
+    }
   }
   if (error != cudaSuccess) return error;
   // One CTA per SM (the setmaxnreg budgets assume it), each taking every grid-th tile.

@@ -1,8 +1,8 @@
-// Device scratch of the attention kernels, carved from one buffer. The 8-bit method: q and k
-// in INT8 in blocks of kQuantBlock rows (rows padded to whole blocks, padding zero), one fp32
-// scale per block, K's per-channel sums in fp64 over chunks of kMeanChunk keys, and K's mean
-// (the chunks' sums added in a fixed order, so it is deterministic). The decode kernel's
-// partial results. (The Hopper kernel reads q, k and v as they are.)
+// Device scratch of the attention kernels, carved from one buffer. The 8-bit method: q (but
+// for the Hopper kernel, which rounds it tile by tile) and k in INT8 in blocks of kQuantBlock
+// rows (rows padded to whole blocks, padding zero), one fp32 scale per block, K's per-channel
+// sums in fp64 over chunks of kMeanChunk keys, and K's mean (the chunks' sums added in a fixed
+// order, so it is deterministic). The decode kernel's partial results.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +87,8 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
     return w;
   }
   if (p.precision != AttentionPrecision::kInt8QK) return w;
-  w.q_blocks = host_util::ceil_div(p.seq_q, kQuantBlock);
+  // (the Hopper kernel quantizes each tile's q in shared memory: no q blocks here)
+  w.q_blocks = uses_hopper_kernel(p) ? 0 : host_util::ceil_div(p.seq_q, kQuantBlock);
   w.k_blocks = host_util::ceil_div(p.seq_k, kQuantBlock);
   w.k_chunks = host_util::ceil_div(p.seq_k, kMeanChunk);
   w.q8 = reinterpret_cast<int8_t*>(take(bq * w.q_blocks * kQuantBlock * p.head_dim));
