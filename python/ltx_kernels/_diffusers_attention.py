@@ -8,8 +8,8 @@ registered when :mod:`ltx_kernels.diffusers` is imported (nothing happens withou
   per-block scales, k smoothed by its mean over the keys), except for a long query sequence
   against few keys (at least ``MIN_TOKENS`` queries, at most ``ops.ATTENTION_SHORT_KEYS`` keys: a
   DiT's text cross-attention), which gets exact attention: the short-key kernel is faster there
-  than the 8-bit method's quantization passes and key-walking kernel (H100, LTX-2B 161 frames'
-  8064 queries x 128 text keys: ~80 us against ~150 us plus 36 us to quantize q).
+  than the 8-bit method's passes and key-walking kernel (H100, LTX-2B 161 frames' 8064 queries x
+  128 text keys: ~80 us against ~150 us, plus a 36 us pass over q in the build then measured).
 
 Any model whose attention processors call ``dispatch_attention_fn`` selects them with diffusers'
 own API (``model.set_attention_backend("ltx_kernels_8bit")``, ``with attention_backend(...)``)
