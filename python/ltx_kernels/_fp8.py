@@ -211,13 +211,52 @@ def _merged(linears, biases: list, *kinds: str) -> tuple | None:
     return None if bias is None else (*tensors, bias)
 
 
-def matmul_gated_residual(q: torch.Tensor, scale: torch.Tensor, linear: nn.Linear, residual: torch.Tensor,
+def matmul_gated_residual(x: torch.Tensor | Quantized, linear: nn.Linear, residual: torch.Tensor,
                           gate: torch.Tensor | None) -> torch.Tensor:
-    """``residual + gate * linear(x)`` for an ``x`` quantized as ``(q, scale)``, one
-    :func:`ops.fp8_linear_gated_residual` (a gate that :func:`fuses_gated_residual`; None:
-    ``residual + linear(x)``)."""
+    """``residual + gate * linear(x)`` as one GEMM writing the sum, for a ``linear`` that
+    :func:`gemm_writes_residual` (a gate that :func:`fuses_gated_residual`; None: ``residual +
+    linear(x)``): :func:`ops.fp8_linear_gated_residual` for our FP8 linear (``x`` quantized
+    here, or coming quantized), else :func:`ops.linear_gated_residual`."""
+    if not is_quantized(linear):
+        return ops.linear_gated_residual(x, linear.weight, linear.bias, residual, gate)
+    q, scale = (x.q, x.scale) if isinstance(x, Quantized) else ops.quantize_fp8(x)
     return ops.fp8_linear_gated_residual(q, scale, linear.weight, linear.weight_scale, bias_of(linear, residual.dtype),
                                          residual, gate)
+
+
+# {device index: compute capability}: read once per GPU (gemm_writes_residual runs at every
+# block's call).
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
+
+
+def gemm_writes_residual(linear: nn.Module, residual: torch.Tensor) -> bool:
+    """Whether ``linear``'s GEMM can write ``residual + gate * linear(x)`` (:func:`matmul_gated_residual`):
+    it is our FP8 linear, unhooked (:func:`take_quantized`), or a plain ``nn.Linear``, unhooked,
+    whose weight is a plain tensor in the residual's dtype, where :func:`ops.linear_gated_residual`
+    runs our kernel: on CUDA a Hopper GPU with this build's sm_90a kernels, 16-bit, N and K
+    multiples of 8 (elsewhere its fallback, the GEMM into fp32 then torch ops, is slower than the
+    linear then ``gated_residual``). On the CPU always, so that CPU tests take the path a GPU takes.
+    (peft's LoRA layers are not ``nn.Linear``s; layerwise casting and offload are hooks.) Not
+    under autocast, where the linear's output is in the autocast dtype and the sum in the
+    residual's (mixed-precision training's fp32 stream)."""
+    if take_quantized((linear,)):
+        return True
+    if type(linear) is not nn.Linear or not runs_unhooked(linear) or torch.is_autocast_enabled(residual.device.type):
+        return False
+    weight, bias = linear.weight, linear.bias
+    if weight.dtype != residual.dtype or weight.device != residual.device or (bias is not None and bias.dtype != weight.dtype):
+        return False
+    if residual.device.type == "cpu":
+        return True
+    return (residual.device.type == "cuda" and ops.SM90A_KERNELS and residual.dtype in (torch.bfloat16, torch.float16)
+            and weight.size(0) % 8 == 0 and weight.size(1) % 8 == 0 and _capability(residual.device)[0] == 9)
 
 
 def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor | None) -> bool:
@@ -309,25 +348,25 @@ def context_takes_quantized(attn: nn.Module) -> bool:
 
 def projection_fuses_residual(linear: nn.Module, residual: torch.Tensor, gate: torch.Tensor | None,
                               dropout: nn.Module | None = None) -> bool:
-    """Whether ``residual + gate * dropout(linear(x))`` can be one FP8 GEMM
-    (:func:`matmul_gated_residual`): ``linear`` is our FP8 linear and the dropout (if any) does
-    nothing, both unhooked, and the gate :func:`fuses_gated_residual`."""
-    return (fuses_gated_residual(residual, gate) and take_quantized((linear,))
+    """Whether ``residual + gate * dropout(linear(x))`` can be one GEMM (:func:`matmul_gated_residual`):
+    ``linear`` :func:`gemm_writes_residual` and the dropout (if any) does nothing, unhooked, and
+    the gate :func:`fuses_gated_residual`."""
+    return (fuses_gated_residual(residual, gate) and gemm_writes_residual(linear, residual)
             and (dropout is None or (type(dropout) is nn.Dropout and runs_unhooked(dropout)
                                      and dropout_is_identity(dropout))))
 
 
 def out_projection_fuses_residual(attn: nn.Module, residual: torch.Tensor, gate: torch.Tensor | None) -> bool:
-    """Whether ``residual + gate * attn.to_out(heads)`` can be one FP8 GEMM
+    """Whether ``residual + gate * attn.to_out(heads)`` can be one GEMM
     (:func:`projection_fuses_residual` of the output projection and its dropout)."""
     return projection_fuses_residual(attn.to_out[0], residual, gate, attn.to_out[1])
 
 
 def attention_fuses_residual(attn: nn.Module, processor: type, residual: torch.Tensor,
                              gate: torch.Tensor | None) -> bool:
-    """Whether :func:`attention_residual` has the output projection's FP8 GEMM write the sum:
+    """Whether :func:`attention_residual` has the output projection's GEMM write the sum:
     ``attn`` runs our ``processor`` unhooked and :func:`out_projection_fuses_residual`."""
-    return (isinstance(attn.processor, processor) and runs_unhooked(attn) and is_quantized(attn.to_out[0])
+    return (isinstance(attn.processor, processor) and runs_unhooked(attn)
             and out_projection_fuses_residual(attn, residual, gate))
 
 
@@ -335,7 +374,7 @@ def attention_residual(attn: nn.Module, processor: type, residual: torch.Tensor,
                        *args, **kwargs) -> torch.Tensor:
     """``residual + gate * attn(*args, **kwargs)`` (no gate: ``residual + attn(...)``). Where
     :func:`attention_fuses_residual`, the processor's ``attention()`` gives the heads and the
-    output projection's FP8 GEMM writes the sum; else the module, then ``gated_residual``."""
+    output projection's GEMM writes the sum; else the module, then ``gated_residual``."""
     if attention_fuses_residual(attn, processor, residual, gate):
         return projected_attention_residual(attn, residual, gate, *args, **kwargs)
     return ops.gated_residual(residual, attend(attn, *args, **kwargs), gate)
@@ -345,17 +384,17 @@ def projected_attention_residual(attn: nn.Module, residual: torch.Tensor, gate: 
                                  *args, **kwargs) -> torch.Tensor:
     """``residual + gate * attn(*args, **kwargs)`` for an ``attn`` that
     :func:`attention_fuses_residual` (the caller checked): its processor's ``attention()`` gives
-    the heads and the output projection's FP8 GEMM writes the sum."""
+    the heads and the output projection's GEMM writes the sum."""
     heads = attn.processor.attention(attn, *args, **kwargs)
-    return matmul_gated_residual(*ops.quantize_fp8(heads), attn.to_out[0], residual, gate)
+    return matmul_gated_residual(heads, attn.to_out[0], residual, gate)
 
 
 def projected_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor,
                        dropout: nn.Module | None = None) -> torch.Tensor:
-    """``residual + gate * dropout(linear(x))``: one FP8 GEMM writing the sum where
+    """``residual + gate * dropout(linear(x))``: one GEMM writing the sum where
     :func:`projection_fuses_residual`, else the modules, then ``gated_residual``."""
     if projection_fuses_residual(linear, residual, gate, dropout):
-        return matmul_gated_residual(*ops.quantize_fp8(x), linear, residual, gate)
+        return matmul_gated_residual(x, linear, residual, gate)
     out = linear(x)
     return ops.gated_residual(residual, out if dropout is None else dropout(out), gate)
 
@@ -419,7 +458,24 @@ def feed_forward_gated_residual(ff: nn.Module, x: Quantized, residual: torch.Ten
                                 gate: torch.Tensor) -> torch.Tensor:
     """``residual + gate * ff(x)`` for a feed-forward that :func:`feed_forward_takes_quantized`,
     with a gate that :func:`fuses_gated_residual`: the down projection's GEMM writes it."""
-    return matmul_gated_residual(*ops.quantize_fp8(_gelu_up(ff, x, x.dtype)), ff.net[2], residual, gate)
+    return matmul_gated_residual(_gelu_up(ff, x, x.dtype), ff.net[2], residual, gate)
+
+
+def feed_forward_residual(ff: nn.Module, x: torch.Tensor, residual: torch.Tensor,
+                          gate: torch.Tensor | None) -> torch.Tensor:
+    """``residual + gate * ff(x)`` for a diffusers ``FeedForward`` in the model's dtype: where it
+    runs unhooked, its dropouts do nothing and its down projection :func:`projection_fuses_residual`,
+    the down projection's GEMM writes the sum (the activation module, ``ff.net[0]``, computes the
+    hidden values as the feed-forward would: patched or not); else the module, then
+    ``gated_residual``."""
+    from diffusers.models.attention import FeedForward
+
+    if type(ff) is FeedForward and runs_unhooked(ff) and not _has_dropout(ff):
+        net = list(ff.net._modules.values())  # (not ModuleList indexing: host time, as above)
+        if (len(net) in (3, 4) and all(type(m) is nn.Dropout for m in net[1:2] + net[3:])
+                and projection_fuses_residual(net[2], residual, gate)):
+            return matmul_gated_residual(net[0](x), net[2], residual, gate)
+    return ops.gated_residual(residual, ff(x), gate)
 
 
 def _fusable_feed_forward(module: nn.Module) -> bool:

@@ -236,6 +236,25 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
+def linear_gated_residual(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + gate * (x @ weight.T + bias)`` in fp32, rounded once: a DiT block's gated
+    residual update written by the GEMM before it (an attention's output projection, a
+    feed-forward's down projection). ``x`` ``[B, S, K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]``
+    or None, ``residual`` ``[B, S, N]``, ``gate`` ``[B, 1, N]``, ``[N]`` or None (ones), one
+    dtype. On Hopper, in 16 bits, our CUTLASS GEMM's epilogue reads the residual and writes the
+    sum (the linear's output never goes to memory, and is not rounded to 16 bits first as
+    ``gated_residual(residual, linear(x), gate)`` rounds it); other GPUs and fp32: cuBLAS's GEMM
+    into fp32, then the residual in torch ops; the CPU: the GEMM on fp32 upcasts, then the same.
+    Differentiable."""
+    return _ops.linear_gated_residual(x, weight, bias, residual, gate)
+
+
 def fused_linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -19,10 +19,8 @@
 // error (1.5e-3 of the rms at k = 3072, measured) is small beside e4m3's own 2.6e-2.
 #include "core/activation.cuh"
 #include "ltx_kernels/fp8_linear.h"
-#include "ops/host_util.h"
+#include "ops/gemm_sm90.cuh"
 
-#include <array>
-#include <atomic>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -38,8 +36,6 @@ namespace {
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
-
-using host_util::kMaxDevices;
 
 // GELU-tanh of each element of an epilogue fragment (core/activation.cuh's form, as every
 // GELU of the library), the node of fp8_linear's fused activation. (Sm90Compute instantiates
@@ -109,18 +105,6 @@ struct Fp8Gemm {
                                                       CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // The persistent scheduler's swizzle: 8 rows of output tiles walked together instead of 1.
-  // CUTLASS walks the tiles along N (where tiles_m >= tiles_n), so where N spans many tiles a
-  // wave of one tile per SM covers one row of tiles and streams all of B through L2 each wave;
-  // grouping 8 rows keeps a wave's B columns few. With this kernel (H100, gemm_pingpong.md) it
-  // pays only at 128 tiles of N and more: 12288 x 4096 -> 16384 1367 -> 1258 us (gated 1468
-  // -> 1371); at 64-112 tiles of N it costs up to 33% (4608 x 3072 -> 12288: 242 -> 321 us),
-  // at fewer up to 2x (4608 x 15360 -> 3072: 322 -> 593 us), the gated form as much.
-  static int swizzle(const Fp8LinearParams& p) {
-    const int64_t tiles_n = (p.n + size<1>(TileShape{}) - 1) / size<1>(TileShape{});
-    return tiles_n >= 128 ? 8 : 1;
-  }
-
   static typename Gemm::Arguments arguments(const Fp8LinearParams& p, int sm_count) {
     using StrideA = typename Kernel::StrideA;
     using StrideB = typename Kernel::StrideB;
@@ -165,7 +149,7 @@ struct Fp8Gemm {
       args.epilogue.thread = {scaled, {static_cast<const ElementOut*>(p.bias)}, {}};
     }
     args.hw_info.sm_count = sm_count;
-    args.scheduler.max_swizzle_size = swizzle(p);
+    args.scheduler.max_swizzle_size = gemm_sm90::swizzle(p.n, size<1>(TileShape{}));
     return args;
   }
 
@@ -173,66 +157,10 @@ struct Fp8Gemm {
     return static_cast<int64_t>(Gemm::get_workspace_size(arguments(p, sm_count)));
   }
 
-  // CUTLASS's GemmUniversalAdapter::run(args) sets two kernel attributes (the shared memory
-  // size, the cluster size) with driver calls on every launch: host time that an eager LTX
-  // step, ~280 of these GEMMs, pays in full where its GPU work is shorter than its launches
-  // (H100, 49 frames, before this: 41.8 ms of host time for ~31 ms of kernels). Here the
-  // shared memory size is set once per device, and the kernel is launched with its cluster
-  // shape as a launch attribute, from the parameters CUTLASS builds for it.
   static cudaError_t run(const Fp8LinearParams& p, int device, int sm_count, void* workspace, cudaStream_t stream) {
-    const auto args = arguments(p, sm_count);
-    if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    if (Kernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) {
-      return cudaErrorInvalidValue;
-    }
-    if (const cudaError_t error = allow_shared_memory(device); error != cudaSuccess) return error;
-    typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = size<0>(ClusterShape{});
-    cluster.val.clusterDim.y = size<1>(ClusterShape{});
-    cluster.val.clusterDim.z = size<2>(ClusterShape{});
-    cudaLaunchConfig_t config = {};
-    config.gridDim = Kernel::get_grid_shape(params);
-    config.blockDim = Kernel::get_block_shape();
-    config.dynamicSmemBytes = Kernel::SharedStorageSize;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    void* kernel_args[] = {&params};
-    return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
-                               kernel_args);
-  }
-
-  // The kernel's shared memory exceeds the default 48 KiB: allowed once per device.
-  static cudaError_t allow_shared_memory(int device) {
-    static std::array<std::atomic<bool>, kMaxDevices> allowed{};
-    if (device < kMaxDevices && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
-    const cudaError_t error = cudaFuncSetAttribute(&cutlass::device_kernel<Kernel>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(Kernel::SharedStorageSize));
-    if (error == cudaSuccess && device < kMaxDevices) allowed[device].store(true, std::memory_order_release);
-    return error;
+    return gemm_sm90::run<Gemm>(arguments(p, sm_count), device, workspace, stream);
   }
 };
-
-// The current device and its SM count (the persistent grid's size), cached per device.
-struct Device {
-  int index = 0;
-  int sm_count = 0;
-};
-
-Device current_device() {
-  static std::array<std::atomic<int>, kMaxDevices> sm_counts{};
-  Device d;
-  cudaGetDevice(&d.index);
-  if (d.index < kMaxDevices) d.sm_count = sm_counts[d.index].load(std::memory_order_relaxed);
-  if (d.sm_count == 0) {
-    cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, d.index);
-    if (d.index < kMaxDevices) sm_counts[d.index].store(d.sm_count, std::memory_order_relaxed);
-  }
-  return d;
-}
 
 // f(Fp8Gemm<out dtype, form>{}) for p's output dtype and epilogue.
 template <typename F>
@@ -251,13 +179,13 @@ auto dispatch(const Fp8LinearParams& p, F&& f) {
 
 int64_t workspace_bytes(const Fp8LinearParams& p) {
   if (cuda_support(p) != nullptr || p.m == 0 || p.n == 0) return 0;
-  return dispatch(p, [&](auto gemm) { return gemm.workspace_bytes(p, current_device().sm_count); });
+  return dispatch(p, [&](auto gemm) { return gemm.workspace_bytes(p, gemm_sm90::current_device().sm_count); });
 }
 
 cudaError_t launch(const Fp8LinearParams& p, void* workspace, cudaStream_t stream) {
   if (validate(p) != nullptr || cuda_support(p) != nullptr) return cudaErrorInvalidValue;
   if (p.m == 0 || p.n == 0) return cudaSuccess;
-  const Device device = current_device();
+  const gemm_sm90::Device device = gemm_sm90::current_device();
   return dispatch(p, [&](auto gemm) { return gemm.run(p, device.index, device.sm_count, workspace, stream); });
 }
 

@@ -1,4 +1,5 @@
-// Backward ops of gated_residual and linear_gelu_tanh (the `<op>_backward` of autograd.cpp):
+// Backward ops of gated_residual, linear_gelu_tanh and linear_gated_residual (the `<op>_backward`
+// of autograd.cpp):
 // the gradients of the outputs, then the forward's arguments; one gradient per tensor
 // argument, an empty tensor for an absent optional one. Written with ATen ops (and
 // gelu_tanh_backward's kernel), so one implementation serves CPU, CUDA and Meta. The
@@ -51,11 +52,36 @@ Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x
   return {at::matmul(dh, weight), at::mm(dh2.t(), x.reshape({-1, weight.size(1)})), dh2.sum(0).to(bias.scalar_type())};
 }
 
+// out = residual + gate * y, y = x @ weight^T + bias, recomputed in x's dtype (as the gradient
+// of the gate sees y in the unfused linear + gated_residual); dy = gate * grad_out rounded to
+// x's dtype, then the GEMMs of the gradients in that dtype, as torch's autograd of Linear runs
+// them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_gated_residual_backward(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+    const at::Tensor& residual, const OptTensor& gate) {
+  check_linear_gated_residual(x, weight, bias, residual, gate);
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == x.scalar_type(), "grad_out must have x's dtype (", x.scalar_type(),
+                   "), got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.device() == x.device() && grad_out.sym_sizes() == residual.sym_sizes(),
+                    "grad_out must be on x's device with the output's shape ", dims_str(residual.sym_sizes()),
+                    ", got ", dims_str(grad_out.sym_sizes()), " on ", device_str(grad_out.device()));
+  const at::ScalarType dtype = x.scalar_type();
+  const at::Tensor g = f32(grad_out);
+  const at::Tensor dy = gate ? (g * f32(*gate)).to(dtype) : grad_as(grad_out, dtype);
+  const c10::SymInt rows = x.sym_size(0) * x.sym_size(1);  // (not -1 in the reshapes: n or k may be 0)
+  const at::Tensor dy2 = dy.reshape_symint({rows, weight.sym_size(0)});
+  return {at::matmul(dy, weight).contiguous(), at::mm(dy2.t(), x.reshape_symint({rows, weight.sym_size(1)})),
+          bias ? grad_as(at::sum(dy2, {0}, false, at::kFloat), dtype) : none_grad(x),
+          fresh_grad(grad_out, dtype),
+          gate ? reduce_like(g * f32(at::linear(x, weight, bias)), *gate) : none_grad(x)};
+}
+
 }  // namespace
 
 LTX_KERNELS_LIBRARY_IMPL(CompositeExplicitAutograd, m) {
   LTX_KERNELS_IMPL(m, "gated_residual_backward", gated_residual_backward);
   LTX_KERNELS_IMPL(m, "linear_gelu_tanh_backward", linear_gelu_tanh_backward);
+  LTX_KERNELS_IMPL(m, "linear_gated_residual_backward", linear_gated_residual_backward);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -1,5 +1,5 @@
 // Argument checks an op shares with its Meta implementation and its backward op (norm.cpp and
-// norm_backward.cpp, elementwise.cpp and elementwise_backward.cpp, linear.cpp), so that a
+// norm_backward.cpp, elementwise.cpp and elementwise_backward.cpp, linear.cpp, linear_gated_residual.cpp), so that a
 // direct call of a backward op gets the forward's messages.
 #pragma once
 
@@ -35,6 +35,11 @@ void check_gated_residual(const at::Tensor& x, const at::Tensor& y, const OptTen
 
 // linear_gelu_tanh's x, weight [N, K] and bias [N], all in x's dtype and on its device.
 void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// linear_gated_residual's x [B, S, K], weight [N, K], bias [N], residual [B, S, N] and gate
+// ([B, 1, N] or [N]), all in x's dtype and on its device.
+void check_linear_gated_residual(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
+                                 const at::Tensor& residual, const OptTensor& gate);
 
 // The RoPE family's arguments (rope.cpp), as each forward op checks them.
 void check_rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,

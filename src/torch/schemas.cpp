@@ -102,6 +102,14 @@ LTX_KERNELS_LIBRARY(m) {
   def_with_backward("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor",
                     "linear_gelu_tanh_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias)"
                     " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // residual + gate * (x @ weight^T + bias) in fp32, rounded once: x [B, S, K], residual [B, S, N],
+  // gate [B, 1, N], [N] or none (a DiT block's gated residual written by the GEMM before it:
+  // linear_gated_residual.cpp).
+  def_with_backward("linear_gated_residual(Tensor x, Tensor weight, Tensor? bias, Tensor residual, Tensor? gate)"
+                    " -> Tensor",
+                    "linear_gated_residual_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor? bias,"
+                    " Tensor residual, Tensor? gate) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias,"
+                    " Tensor grad_residual, Tensor grad_gate)");
   // An LLM head's linear + cross-entropy loss in chunks of classes, no full logits
   // (cross_entropy.cpp): the loss and each token's log-sum-exp, which the backward takes (saved,
   // not recomputed). grad_target is always empty: target holds class indices.

@@ -87,11 +87,13 @@ def test_blocks_match_stock(name):
 
 
 def test_the_fused_ops_run(monkeypatch):
-    """The patched blocks reach adaln_layer_norm and gated_residual (two each per block), not
-    the stock arithmetic: counted through the ops module the integrations call."""
+    """The patched blocks reach adaln_layer_norm (two per block) and have the output and down
+    projections write the gated residuals (linear_gated_residual, two per block: no
+    gated_residual pass), not the stock arithmetic: counted through the ops module the
+    integrations call."""
     from ltx_kernels import ops
 
-    calls = {"adaln_layer_norm": 0, "gated_residual": 0}
+    calls = {"adaln_layer_norm": 0, "gated_residual": 0, "linear_gated_residual": 0}
     for op in calls:
         original = getattr(ops, op)
 
@@ -104,7 +106,7 @@ def test_the_fused_ops_run(monkeypatch):
     inject_quietly(model)
     with torch.no_grad():
         model(**pixart_kwargs())
-    assert calls == {"adaln_layer_norm": 4, "gated_residual": 4}, calls
+    assert calls == {"adaln_layer_norm": 4, "gated_residual": 0, "linear_gated_residual": 4}, calls
 
 
 @pytest.mark.parametrize("name", MODELS)

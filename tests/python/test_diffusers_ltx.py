@@ -90,7 +90,8 @@ def test_one_step_no_worse_than_stock_bf16(device, head_dim, affine, positions, 
     stock_err = rel_err(stock(**as_dtype(kw, torch.bfloat16))[0], expected)
 
     report = lkd.inject(stock)
-    assert report.patched["LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"] == 2
+    assert report.patched["LTXVideoTransformerBlock (adaln_rms_norm, linear_gated_residual or gated_residual, "
+                          "gated_residual_adaln_rms_norm)"] == 2
     assert not report.skipped
     ours_err = rel_err(stock(**as_dtype(kw, torch.bfloat16))[0], expected)
     assert ours_err <= SLACK * stock_err, (ours_err, stock_err)
@@ -120,6 +121,53 @@ def test_denoising_loop_no_worse_than_stock_bf16(device):
     lkd.inject(stock)
     ours_err = rel_err(latents(stock), expected)
     assert ours_err <= SLACK * stock_err, (ours_err, stock_err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_token", [False, True])
+@torch.no_grad()
+def test_gemms_write_the_gated_residuals(monkeypatch, device, per_token):
+    """Per block, x + gate * attn1's output, x + attn2's (no gate) and x + gate * the FF's are
+    written by the output and down projections' GEMMs (linear_gated_residual), not by separate
+    gated_residual passes (nor attn2's residual by norm2); with per-token timesteps (a gate row
+    per token) the gated two are not. The model stays as close to the fp32 stock model as the
+    unfused ops (fp32 on the CPU; bf16 on CUDA, where the kernel needs D a multiple of 8)."""
+    from ltx_kernels import _fp8
+
+    stock = tiny_model(device, head_dim=12)
+    kw = step_kwargs(stock, "interpolation_scale", per_token=per_token)
+    expected = stock(**kw)[0]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = torch.nn.Module.to(copy.deepcopy(stock), dtype)
+    stock_err = rel_err(model(**as_dtype(kw, dtype))[0], expected)
+    lkd.inject(model)
+    calls = []
+    for name in ("linear_gated_residual", "gated_residual", "gated_residual_adaln_rms_norm"):
+        def counting(*args, _op=getattr(_fp8.ops, name), _name=name):
+            calls.append(_name)
+            return _op(*args)
+
+        monkeypatch.setattr(_fp8.ops, name, counting)
+    out = model(**as_dtype(kw, dtype))[0]
+    gated = "gated_residual" if per_token else "linear_gated_residual"
+    assert calls == [gated, "linear_gated_residual", gated] * len(model.transformer_blocks)
+    # (fp32: our in-kernel RoPE angles against diffusers' fp32 tables alone differ by ~1e-5)
+    assert rel_err(out, expected) <= (SLACK * stock_err if dtype == torch.bfloat16 else 2e-5)
+
+
+@pytest.mark.parametrize("target", ["attn1", "attn1.to_out.0", "attn2", "attn2.to_out.0", "ff", "ff.net.2"])
+@torch.no_grad()
+def test_hooked_projections_keep_the_module_call(target):
+    """A hook on an attention, its output projection, the feed-forward or its down projection
+    sees its call: that residual is then the module's output added by gated_residual (or norm2,
+    for attn2), with the same result."""
+    model = tiny_model("cpu", head_dim=12)
+    lkd.inject(model)
+    kw = step_kwargs(model, "interpolation_scale", per_token=False)
+    fused = model(**kw)[0]
+    seen = []
+    model.transformer_blocks[0].get_submodule(target).register_forward_hook(lambda m, i, o: seen.append(m))
+    assert rel_err(model(**kw)[0], fused) < 1e-6 and seen
 
 
 @pytest.mark.parametrize("device", DEVICES)

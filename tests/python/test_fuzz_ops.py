@@ -384,6 +384,31 @@ def build_fp8_linear_gated_residual(draw, dtype):
     return call, formula
 
 
+def build_linear_gated_residual(draw, dtype):
+    """x [B, S, K], weight [N, K], residual [B, S, N] in any layout (copied where the kernel
+    cannot read them), an optional bias, a gate per batch, per channel or none; K and N odd or
+    not (the Hopper kernel takes multiples of 8, the fallback the rest)."""
+    k, n = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
+    b, s = draw(st.sampled_from([1, 2, 3])), draw(st.sampled_from([0, 1, 5, 7]))
+    x = Arg("x", laid_out(draw, randn((b, s, k), dtype)), copied=True)
+    w = Arg("weight", laid_out(draw, randn((n, k), dtype) / math.sqrt(k)), copied=True)
+    bias = Arg("bias", optional(draw, lambda: randn((n,), dtype)), copied=True)
+    residual = Arg("residual", laid_out(draw, randn((b, s, n), dtype)), copied=True)
+    kind = draw(st.sampled_from(["batch", "vector", None]))
+    gate = Arg("gate", None if kind is None else laid_out(draw, randn((b, 1, n), dtype)) if kind == "batch"
+               else randn((n,), dtype), copied=True)
+    call = Call("linear_gated_residual", [x, w, bias, residual, gate], scale=10.0 if dtype == torch.float32 else 2.0)
+
+    def formula():
+        y = x.tensor.double() @ w.tensor.double().T + (0.0 if bias.tensor is None else bias.tensor.double())
+        # y's gradient, gate * grad_out, rounded to dtype before the GEMMs (as the backward op,
+        # like autograd of the unfused linear, computes it).
+        y = RoundedGradient.apply(y, dtype)
+        return residual.tensor.double() + (y if gate.tensor is None else gate.tensor.double() * y)
+
+    return call, formula
+
+
 def build_fused_linear_cross_entropy(draw, dtype):
     """An LLM head's loss: x [..., hidden] in any layout (the GEMM's operand), weight [vocab,
     hidden], int64 targets with some ignored (any layout), an optional bias, each reduction;
@@ -460,6 +485,7 @@ BUILDERS = {
     "glu": build_glu,
     "group_norm": build_group_norm,
     "linear_gelu_tanh": build_linear_gelu_tanh,
+    "linear_gated_residual": build_linear_gated_residual,
     "quantize_fp8": build_quantize_fp8,
 }
 
@@ -516,14 +542,16 @@ GRAD_NAMES = {
     "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
-    "linear_gelu_tanh": ["grad_out"], "attention": ["grad_out"], "group_norm": ["grad_out"],
+    "linear_gelu_tanh": ["grad_out"], "linear_gated_residual": ["grad_out"], "attention": ["grad_out"],
+    "group_norm": ["grad_out"],
     "apply_rotary_pos_emb": ["grad_q_out", "grad_k_out"], "ltx_rope": ["grad_out"],
     "ltx_qk_norm_rope": ["grad_q_out", "grad_k_out"], "fused_linear_cross_entropy": ["grad_loss", "grad_lse"],
 }
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
-                                 "linear_gelu_tanh", "attention", "group_norm", "apply_rotary_pos_emb", "ltx_rope",
+                                 "linear_gelu_tanh", "linear_gated_residual", "attention", "group_norm",
+                                 "apply_rotary_pos_emb", "ltx_rope",
                                  "ltx_qk_norm_rope", "fused_linear_cross_entropy"]}
 BUILDERS.update(BACKWARD_BUILDERS)
 

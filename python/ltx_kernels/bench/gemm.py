@@ -10,7 +10,9 @@ of copy bandwidth. TFLOPS count 2*M*N*K over the time of that column (the quanti
 included where it runs); error is the relative L2 distance to the fp32 product. The gated
 residual columns time ``residual + gate * linear(x)`` on pre-quantized operands (one sample,
 one gate row): ``_scaled_mm`` then our ``gated_residual``, against ours written by the GEMM's
-epilogue (``fp8_linear_gated_residual``, what a DiT block's output and down projections run).
+epilogue (``fp8_linear_gated_residual``, what a DiT block's output and down projections run);
+the same in 16 bits: cuBLAS's ``linear`` then ``gated_residual`` against ours
+(``linear_gated_residual``, what they run in the model's dtype).
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def run_shape(label: str, m: int, k: int, n: int, copy_gbs: float) -> dict:
             residual, torch._scaled_mm(qx, qw.t(), sx[:, None], sw[None, :], bias=bias,
                                        out_dtype=torch.bfloat16, use_fast_accum=True)[None], gate),
         "ours_residual": lambda: ltx_kernels.fp8_linear_gated_residual(qx[None], sx[None], qw, sw, bias, residual, gate),
+        "bf16+residual": lambda: ltx_kernels.gated_residual(residual, torch.nn.functional.linear(x, w, bias)[None], gate),
+        "bf16_residual": lambda: ltx_kernels.linear_gated_residual(x[None], w, bias, residual, gate),
     }
     gated_reference = residual.float() + gate.float() * reference[None]
     row = {"shape": label, "m": m, "k": k, "n": n}
@@ -92,14 +96,16 @@ def markdown(rows: list[dict], meta: dict) -> str:
             "time (L2 flushed); error vs the fp32 product. scaled_mm and ours take pre-quantized operands; "
             "ours+quantize includes quantize_fp8 of the bf16 input.\n\n")
     lines = ["| shape (M x K -> N) | bf16 | scaled_mm fp8, fast accum | ours fp8 | ours + quantize | scaled_mm + gated_residual | "
-             "ours, residual in the epilogue | quantize_fp8 us (% copy) | err bf16 / fp8 |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    columns = ("bf16", "scaled_mm", "ours", "ours+quantize", "scaled_mm+residual", "ours_residual")
+             "ours, residual in the epilogue | bf16 + gated_residual | ours bf16, residual in the epilogue | "
+             "quantize_fp8 us (% copy) | err bf16 / fp8 / ours bf16 residual |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    columns = ("bf16", "scaled_mm", "ours", "ours+quantize", "scaled_mm+residual", "ours_residual", "bf16+residual",
+               "bf16_residual")
     for r in rows:
         cells = [f"{r[f'{c}_tflops']:.0f} ({r[f'{c}_us']:.0f} us)" for c in columns]
         lines.append(f"| {r['shape']} ({r['m']} x {r['k']} -> {r['n']}) | " + " | ".join(cells)
                      + f" | {r['quantize_us']:.1f} ({r['quantize_pct_copy']:.0f}%) | "
-                     f"{r['bf16_err']:.1e} / {r['ours+quantize_err']:.1e} |")
+                     f"{r['bf16_err']:.1e} / {r['ours+quantize_err']:.1e} / {r['bf16_residual_err']:.1e} |")
     return head + "\n".join(lines) + "\n"
 
 

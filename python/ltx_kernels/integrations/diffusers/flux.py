@@ -219,12 +219,14 @@ def _block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_
 
 def feed_forward_update(x: torch.Tensor, norm: nn.Module, ff, shift, scale, gate) -> torch.Tensor:
     """An AdaLN-Zero stream's feed-forward half, ``x + gate * ff(norm(x) * (1 + scale) + shift)``
-    with per-sample [B, D] shift, scale and gate: one norm pass, then one gated residual; under
-    FP8 the down projection's GEMM writes it (:func:`_fp8.feed_forward_gated_residual`)."""
+    with per-sample [B, D] shift, scale and gate: one norm pass, then the down projection's GEMM
+    writes the gated residual (:func:`_fp8.feed_forward_gated_residual` under FP8,
+    :func:`_fp8.feed_forward_residual` in the model's dtype, which falls back to the module and
+    ``gated_residual``)."""
     gate = gate[:, None]
     if _fp8.feed_forward_takes_quantized(ff) and _fp8.fuses_gated_residual(x, gate):
         return _fp8.feed_forward_gated_residual(ff, modulate(norm, x, scale, shift, quantized=True), x, gate)
-    return ops.gated_residual(x, ff(modulate(norm, x, scale, shift)), gate)
+    return _fp8.feed_forward_residual(ff, modulate(norm, x, scale, shift), x, gate)
 
 
 def _single_block_forward(self: nn.Module, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,

@@ -5,13 +5,15 @@ What changes, per transformer block (the math is DESIGN.md section 3's LTX block
   ``[B, T, 6, D]`` modulation tensor, per batch T = 1 or per token T = S);
 - attn1: ``norm_q``/``norm_k`` + LTX RoPE as one ``ltx_qk_norm_rope`` launch with the angles
   computed in the kernel, so the model's ``[B, S, D]`` fp32 cos/sin tables are never built;
-- ``x + attn1 * gate_msa``: ``gated_residual`` (under FP8, attn1's output projection writes it:
-  ``fp8_linear_gated_residual``);
-- ``x + attn2`` fused with ``norm2`` + modulation: ``gated_residual_adaln_rms_norm`` (under
-  FP8, attn2's output projection writes ``x + attn2``, ``fp8_linear_gated_residual`` without a
-  gate, and norm2 + modulation is ``adaln_rms_norm_fp8``);
-- the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp`` (under
-  FP8, written by the down projection: ``fp8_linear_gated_residual``).
+- ``x + attn1 * gate_msa``: written by attn1's output projection, ``linear_gated_residual``
+  (under FP8 ``fp8_linear_gated_residual``; where the projection is hooked or not a plain
+  linear, e.g. a LoRA layer, the module then ``gated_residual``);
+- ``x + attn2``: written by attn2's output projection the same way, without a gate, then norm2
+  + modulation, ``adaln_rms_norm`` (under FP8 ``adaln_rms_norm_fp8``); where the projection
+  cannot write it, ``x + attn2`` fused with norm2 + modulation, ``gated_residual_adaln_rms_norm``;
+- the feed-forward's GELU-tanh (through the generic GELU patch), ``x + ff * gate_mlp``: written
+  by the down projection (``linear_gated_residual``, under FP8 ``fp8_linear_gated_residual``),
+  else ``gated_residual``.
 Model level: the rotary module's tables are replaced by :class:`LtxRopePositions` (unless
 ``inject(..., rope="stock")``, or an attn1 processor is not ours) and the final LayerNorm +
 modulation is one ``adaln_layer_norm``. GEMMs and attention (SDPA or diffusers' attention
@@ -31,7 +33,8 @@ from ltx_kernels._diffusers_attention import processor_attention
 from ltx_kernels._patching import ProcessorOverStock, Report, attend, call_fused, is_patched, patch, realized
 from ltx_kernels.integrations.family import Family, PatchOptions
 
-_BLOCK_KIND = "LTXVideoTransformerBlock (adaln_rms_norm, gated_residual, gated_residual_adaln_rms_norm)"
+_BLOCK_KIND = ("LTXVideoTransformerBlock (adaln_rms_norm, linear_gated_residual or gated_residual, "
+               "gated_residual_adaln_rms_norm)")
 _ATTN_KIND = "LTXAttention self-attention (ltx_qk_norm_rope)"
 _CROSS_ATTN_KIND = "LTXAttention cross-attention (rms_norm q/k, mask broadcast over heads)"
 _MODEL_KIND = "LTXVideoTransformer3DModel (in-kernel RoPE angles, adaln_layer_norm output)"
@@ -170,10 +173,20 @@ def _block_forward(
         # one took 119 us a layer, the norm alone 56).
         hidden_states = _fp8.projected_attention_residual(self.attn2, hidden_states, None, *cross_attention)
         x = _norm_fp8(self.norm2, hidden_states, scale_mlp, shift_mlp)
-    else:
-        attn_hidden_states = attend(self.attn2, *cross_attention)
-        residual = hidden_states
-        if not quantized_ff:
+    elif not quantized_ff:
+        if _fp8.attention_fuses_residual(self.attn2, LtxKernelsAttnProcessor, hidden_states, None):
+            # In the model's dtype too, the output projection's GEMM writes x + attn2 and norm2
+            # reads one row (H100, LTX-2B 161 frames: the fused residual + norm below took 93 us a
+            # layer, the norm alone 49).
+            hidden_states = _fp8.projected_attention_residual(self.attn2, hidden_states, None, *cross_attention)
+            norm_hidden_states = call_fused(
+                (self.norm2,),
+                lambda: ops.adaln_rms_norm(hidden_states, scale_mlp, shift_mlp, self.norm2.weight, self.norm2.eps),
+                lambda: self.norm2(hidden_states) * (1 + scale_mlp) + shift_mlp,
+            )
+        else:
+            attn_hidden_states = attend(self.attn2, *cross_attention)
+            residual = hidden_states
             hidden_states, norm_hidden_states = call_fused(
                 (self.norm2,),
                 lambda: ops.gated_residual_adaln_rms_norm(
@@ -181,7 +194,11 @@ def _block_forward(
                 ),
                 lambda: _residual_and_norm(self.norm2, residual + attn_hidden_states, scale_mlp, shift_mlp),
             )
-            return ops.gated_residual(hidden_states, self.ff(norm_hidden_states), gate_mlp)
+        # x + ff * gate_mlp: the down projection's GEMM writes it where it can.
+        return _fp8.feed_forward_residual(self.ff, norm_hidden_states, hidden_states, gate_mlp)
+    else:
+        attn_hidden_states = attend(self.attn2, *cross_attention)
+        residual = hidden_states
         hidden_states, *quantized = call_fused(
             (self.norm2,),
             lambda: ops.gated_residual_adaln_rms_norm_fp8(
