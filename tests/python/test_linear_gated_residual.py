@@ -45,7 +45,7 @@ SHAPES = [(1, 1, 8, 8), (2, 7, 16, 24), (3, 129, 64, 136), (2, 128, 72, 128), (1
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("gate", ["batch", "vector", "modulation", None])
 def test_matches_formula(device, dtype, shape, gate):
     b, s, k, n = shape
@@ -109,6 +109,16 @@ def test_cuda_writes_every_element(dtype):
     assert_close(got, formula(*args), dtype, scale=2.0)
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gate", ["modulation", None])
+def test_cuda_cooperative_tiles(dtype, gate):
+    """k >= 4096 with >= 4 waves of 128 x 256 tiles (on a 132-SM GPU): the kernel's cooperative
+    configuration, batches of 4200 rows ending inside a tile (the fp64 reference on the GPU)."""
+    args = inputs(2, 4200, 4096, 2048, dtype, "cuda", gate=gate)
+    assert_close(ltx_kernels.linear_gated_residual(*args), formula(*args), dtype, scale=2.0)
+
+
 def test_bad_inputs_name_the_argument():
     x, weight, bias, residual, gate = inputs(2, 3, 16, 8, torch.float32, "cpu")
     cases = [
@@ -159,3 +169,18 @@ def test_opcheck_and_compile(device):
     torch._dynamo.reset()
     compiled = torch.compile(ltx_kernels.linear_gated_residual, fullgraph=True)
     assert_close(compiled(*args), formula(*args), torch.float32, scale=10.0)
+
+
+def test_compiled_training_step_with_dynamic_shapes():
+    """Forward and backward traced by torch.compile (AOTAutograd partitions the registered
+    backward op), with symbolic batch and sequence sizes: gradients as eager's."""
+    torch._dynamo.reset()
+    compiled = torch.compile(ltx_kernels.linear_gated_residual, fullgraph=True, dynamic=True)
+    for s in (5, 9):
+        args = inputs(2, s, 16, 24, torch.float32, "cpu")
+        eager = [a.clone().requires_grad_() for a in args]
+        traced = [a.clone().requires_grad_() for a in args]
+        ltx_kernels.linear_gated_residual(*eager).square().sum().backward()
+        compiled(*traced).square().sum().backward()
+        for e, t in zip(eager, traced):
+            assert_close(t.grad, e.grad, torch.float32, scale=10.0)
