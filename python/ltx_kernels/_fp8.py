@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import ops
+from . import _diffusers_attention, ops
 from ._patching import attend, call_fused, is_patched, patch, runs_unhooked
 
 # Linears that stay bf16 by default: the model's input and output projections and the
@@ -224,18 +224,6 @@ def matmul_gated_residual(x: torch.Tensor | Quantized, linear: nn.Linear, residu
                                          residual, gate)
 
 
-# {device index: compute capability}: read once per GPU (gemm_writes_residual runs at every
-# block's call).
-_CAPABILITIES: dict[int, tuple[int, int]] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITIES:
-        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITIES[index]
-
-
 def gemm_writes_residual(linear: nn.Module, residual: torch.Tensor) -> bool:
     """Whether ``linear``'s GEMM can write ``residual + gate * linear(x)`` (:func:`matmul_gated_residual`):
     it is our FP8 linear, unhooked (:func:`take_quantized`), or a plain ``nn.Linear``, unhooked,
@@ -256,7 +244,8 @@ def gemm_writes_residual(linear: nn.Module, residual: torch.Tensor) -> bool:
     if residual.device.type == "cpu":
         return True
     return (residual.device.type == "cuda" and ops.SM90A_KERNELS and residual.dtype in (torch.bfloat16, torch.float16)
-            and weight.size(0) % 8 == 0 and weight.size(1) % 8 == 0 and _capability(residual.device)[0] == 9)
+            and weight.size(0) % 8 == 0 and weight.size(1) % 8 == 0
+            and _diffusers_attention._capability(residual.device.index)[0] == 9)
 
 
 def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor | None) -> bool:
