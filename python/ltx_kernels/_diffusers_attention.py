@@ -42,7 +42,7 @@ from torch import nn
 
 from . import ops
 from ._ops import ops as _ops
-from ._patching import Report
+from ._patching import Report, device_capability
 
 # inject's attention= value -> backend name (and the op's precision of the same name).
 BACKENDS = {"bf16": "ltx_kernels", "8bit": "ltx_kernels_8bit"}
@@ -89,20 +89,13 @@ def exact_pays(query: torch.Tensor, key: torch.Tensor) -> bool:
     return key.size(1) <= ops.ATTENTION_SHORT_KEYS and query.size(1) >= MIN_TOKENS
 
 
-@functools.cache
-def _capability(index: int | None) -> tuple[int, int]:
-    """A CUDA device's compute capability, read once per device (attention is called ~56 times
-    an LTX step)."""
-    return torch.cuda.get_device_capability(index)
-
-
 def prefers_ours(query: torch.Tensor, key: torch.Tensor, attn_mask) -> bool:
     """Whether ltx_kernels.attention (exact) is the faster for these ``[B, S, H, D]`` inputs
     (see MIN_TOKENS)."""
     if (query.device.type != "cuda" or query.dtype not in _CUDA_DTYPES or query.size(-1) not in _CUDA_HEAD_DIMS
             or query.size(1) < MIN_TOKENS):
         return False
-    capability = _capability(query.device.index)
+    capability = device_capability(query.device.index)
     if key.size(1) <= ops.ATTENTION_SHORT_KEYS:
         return capability >= (8, 0)
     return (query.size(-1) == 64 and attn_mask is None and key.size(1) >= MIN_TOKENS and capability[0] == 9

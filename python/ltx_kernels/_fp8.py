@@ -15,8 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import _diffusers_attention, ops
-from ._patching import attend, call_fused, is_patched, patch, runs_unhooked
+from . import ops
+from ._patching import attend, call_fused, device_capability, is_patched, patch, runs_unhooked
 
 # Linears that stay bf16 by default: the model's input and output projections and the
 # embeddings (timestep, caption) and AdaLN tables, outside the transformer blocks, where the
@@ -245,7 +245,7 @@ def gemm_writes_residual(linear: nn.Module, residual: torch.Tensor) -> bool:
         return True
     return (residual.device.type == "cuda" and ops.SM90A_KERNELS and residual.dtype in (torch.bfloat16, torch.float16)
             and weight.size(0) % 8 == 0 and weight.size(1) % 8 == 0
-            and _diffusers_attention._capability(residual.device.index)[0] == 9)
+            and device_capability(residual.device.index)[0] == 9)
 
 
 def fuses_gated_residual(residual: torch.Tensor, gate: torch.Tensor | None) -> bool:

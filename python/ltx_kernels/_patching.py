@@ -18,6 +18,7 @@ attribute) is theirs and stays.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import types
@@ -216,6 +217,13 @@ def attend(attn: nn.Module, *args, **kwargs):
     if not runs_unhooked(attn):
         return attn(*args, **kwargs)
     return attn.processor(attn, *args, **kwargs)
+
+
+@functools.cache
+def device_capability(index: int | None) -> tuple[int, int]:
+    """A CUDA device's compute capability, read once per device: the forwards that pick a
+    kernel by it run at every block's call (attention ~56 times an LTX step)."""
+    return torch.cuda.get_device_capability(index)
 
 
 def realized(t: torch.Tensor) -> torch.Tensor:
