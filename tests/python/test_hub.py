@@ -1,6 +1,7 @@
 """HF Kernels Hub route: build.toml in sync with the sources, `export-hub` output loaded by the
 real `kernels` package (get_local_kernel, kernelize with LocalLayerRepository, compile mode)."""
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -52,6 +53,26 @@ def test_build_toml_general_section():
     assert "9.0a" in cuda["cuda-capabilities"] and all("torch" in k["depends"] for k in build["kernel"].values())
     # The Hopper attention kernel's CuTe headers, and the define that enables it.
     assert any(d.startswith("cutlass_") for d in cuda["depends"]) and "-DLTX_KERNELS_SM90A" in cuda["cuda-flags"]
+
+
+def test_variant_files_import_only_each_other():
+    """A variant module that imports a package module the variant does not carry fails only
+    when the Hub loads it (the export tests below, minutes of build): caught here from the
+    sources. Relative imports only: `ltx_kernels.x` absolute imports would leave the variant."""
+    carried = {Path(name).stem for name in hub.VARIANT_FILES} | {"_C"}
+    for name in hub.VARIANT_FILES:
+        tree = ast.parse((hub.PACKAGE / name).read_text(), filename=name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1 and (node.level == 1 or not (node.module or "").startswith("ltx_kernels")), (
+                    f"{name}:{node.lineno}: imports {node.module!r} by an absolute or parent path, outside the variant")
+                if node.level == 1:
+                    modules = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+                    missing = [m for m in modules if m not in carried]
+                    assert not missing, f"{name}:{node.lineno}: imports {missing}, which the Hub variant does not carry"
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("ltx_kernels") for a in node.names), (
+                    f"{name}:{node.lineno}: imports the ltx_kernels package, outside the variant")
 
 
 def test_export_needs_a_source_checkout(tmp_path):
