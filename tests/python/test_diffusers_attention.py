@@ -518,7 +518,7 @@ def test_prefers_ours_is_the_measured_table(monkeypatch, case, ours):
     """The routing rule of every integrated family (prefers_ours), case by case, on stand-ins of
     CUDA tensors: what benchmarks/results/h100/attention.md measured faster."""
     tokens, keys, head_dim, dtype, masked, capability, sm90a = case
-    monkeypatch.setattr(_diffusers_attention, "_capability", lambda index: capability)
+    monkeypatch.setattr(_diffusers_attention, "device_capability", lambda index: capability)
     monkeypatch.setattr(ltx_kernels.ops, "SM90A_KERNELS", sm90a)
     query, key = _cuda_like(tokens, head_dim, dtype), _cuda_like(keys, head_dim, dtype)
     mask = object() if masked else None
