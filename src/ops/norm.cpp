@@ -80,10 +80,16 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   // 74.9 -> 64.5, its FP8 form 96.7 -> 72.4; 1.00-1.18x at the held-out sizes but 0.95x at
   // 1000 x 1536), and lose below (1-64 rows: 5.7-6.3 -> 7.6-7.8 us), where a row's latency is the
   // call's (benchmarks/results/h100/norm_plans.md).
+  // The plain RMS norm (and its FP8 form), vectorized, holds 2 vectors a thread from 1000 rows
+  // on: H200, bf16, D = 2048: 38.9 -> 37.5 us at 16128 rows, 16.4 -> 15.4 at 5376 (D = 1536:
+  // 33.7 -> 30.5, 14.8 -> 13.4); 4 vectors were no faster at D = 2048, and 3072+ columns already
+  // take 2 or more (benchmarks/results/h200/norm_plans.md).
   const bool four_per_thread =
       p.residual == nullptr && ((p.type == NormType::kLayer && p.rows >= 1000) ||
                                 (p.type == NormType::kRms && p.scale.ptr != nullptr));
-  const int64_t target = four_per_thread ? ceil_div(nvec, 4) : nvec;
+  const bool two_per_thread = plan.vec > 1 && p.residual == nullptr && p.type == NormType::kRms &&
+                              p.scale.ptr == nullptr && p.rows >= 1000;
+  const int64_t target = four_per_thread ? ceil_div(nvec, 4) : two_per_thread ? ceil_div(nvec, 2) : nvec;
   // Vectorized rows of at most 16 vectors (head_dim 64 / 128 in 16 bits: the QK norms of
   // FLUX, SD3, Qwen3) take 8 or 16 threads, several rows a warp: with 32, three quarters of
   // the threads idled at head_dim 64. H100 bf16 rms_norm (layer_norm): 311296 x 64 (SD3.5-large's

@@ -25,13 +25,13 @@ using core::Vec;
 constexpr int kScratches = 4;
 
 template <typename T, int N, int ITEMS, int TPR, bool LAYER, bool RESIDUAL>
-__global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(const NormBackwardParams p) {
+__global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(const NormBackwardParams p,
+                                                                                  const float inv_cols) {
   constexpr int kGroups = kNormBackwardThreads / TPR;
   __shared__ float scratch[kScratches][core::kMaxWarpsPerBlock];
   const int nvec = static_cast<int>((p.cols + N - 1) / N);
   const auto col = [&](int i) { return (static_cast<int>(threadIdx.x) + i * TPR) * N; };
   const auto valid = [&](int i) { return static_cast<int>(threadIdx.x) + i * TPR < nvec; };
-  const float inv_cols = 1.0f / static_cast<float>(p.cols);
 
   // w = weight + offset of this thread's columns, for every row; and its dw / dbias shares.
   Floats<N> w[ITEMS], dw[ITEMS], db[ITEMS];
@@ -222,12 +222,13 @@ template <typename T, int N, int ITEMS, int TPR>
 cudaError_t launch_shape(const NormBackwardParams& p, cudaStream_t stream) {
   const dim3 block(TPR, kNormBackwardThreads / TPR);
   const dim3 grid(static_cast<unsigned>(p.blocks));
+  const float inv_cols = 1.0f / static_cast<float>(p.cols);  // on the host: see norm_kernels.cuh
   if (p.type == NormType::kLayer) {
-    norm_backward_kernel<T, N, ITEMS, TPR, true, false><<<grid, block, 0, stream>>>(p);
+    norm_backward_kernel<T, N, ITEMS, TPR, true, false><<<grid, block, 0, stream>>>(p, inv_cols);
   } else if (p.residual) {
-    norm_backward_kernel<T, N, ITEMS, TPR, false, true><<<grid, block, 0, stream>>>(p);
+    norm_backward_kernel<T, N, ITEMS, TPR, false, true><<<grid, block, 0, stream>>>(p, inv_cols);
   } else {
-    norm_backward_kernel<T, N, ITEMS, TPR, false, false><<<grid, block, 0, stream>>>(p);
+    norm_backward_kernel<T, N, ITEMS, TPR, false, false><<<grid, block, 0, stream>>>(p, inv_cols);
   }
   return cudaGetLastError();
 }

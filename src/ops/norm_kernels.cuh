@@ -111,10 +111,12 @@ constexpr int kMinBlocksPerSm =
 
 // Weight, bias, scale and shift fetched before the reduction so their latency overlaps
 // it, when the registers allow: up to 4 vectors' worth per thread (2 with modulation, which
-// doubles them; an fp32 weight beside 16-bit x counts twice), and not for layer norm, whose
-// second reduction needs them more.
-template <int ITEMS, NormType TYPE, bool MOD, int WIDEN>
-constexpr bool kPrefetchAffine = ITEMS * WIDEN <= (MOD ? 2 : 4) && TYPE != NormType::kLayer;
+// doubles them; 1 with the FP8 output, whose row max and quantization hold registers too; an
+// fp32 weight beside 16-bit x counts twice), and not for layer norm: H200, bf16, 16128 x 2048,
+// its 4 x 64 plan 43.7 -> 58.6 us with them fetched early (benchmarks/results/h200/norm_plans.md).
+template <int ITEMS, NormType TYPE, bool MOD, bool FP8, int WIDEN>
+constexpr bool kPrefetchAffine =
+    ITEMS * WIDEN <= (FP8 ? 1 : MOD ? 2 : 4) && TYPE != NormType::kLayer;
 
 // Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
 // row per TPR threads, kMaxCachedThreads / TPR rows per block. The block shape is a
@@ -128,9 +130,9 @@ constexpr bool kPrefetchAffine = ITEMS * WIDEN <= (MOD ? 2 : 4) && TYPE != NormT
 template <typename T, typename W, typename O, int N, int ITEMS, NormType TYPE, bool RESIDUAL, int TPR, bool MOD,
           bool FP8>
 __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, TYPE, RESIDUAL, MOD>))
-    norm_cached_kernel(const NormParams p) {
+    norm_cached_kernel(const NormParams p, const float inv_cols) {
   constexpr int kRowsPerBlock = kMaxCachedThreads / TPR;
-  constexpr bool kPrefetch = kPrefetchAffine<ITEMS, TYPE, MOD, sizeof(W) / sizeof(T)>;
+  constexpr bool kPrefetch = kPrefetchAffine<ITEMS, TYPE, MOD, FP8, sizeof(W) / sizeof(T)>;
   // One scratch per reduction (mean, squares, FP8 row max), so no barrier is needed before
   // reusing it.
   __shared__ float scratch[3][core::kMaxWarpsPerBlock];
@@ -185,17 +187,16 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, TYP
   Vec<W, N> w[ITEMS], b[ITEMS];
   Vec<T, N> sc[ITEMS], sh[ITEMS];
   if constexpr (kPrefetch) {
+    // Selects, not a branch around the loads, so that ptxas issues them beside the row's.
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      if (!valid(i)) continue;
-      w[i] = weight_at(i);
-      b[i] = bias_at(i);
-      sc[i] = scale_at(i);
-      sh[i] = shift_at(i);
+      w[i] = valid(i) ? weight_at(i) : Vec<W, N>{};
+      b[i] = valid(i) ? bias_at(i) : Vec<W, N>{};
+      sc[i] = valid(i) ? scale_at(i) : Vec<T, N>{};
+      sh[i] = valid(i) ? shift_at(i) : Vec<T, N>{};
     }
   }
 
-  const float inv_cols = 1.0f / static_cast<float>(p.cols);
   // layer_norm: mean and variance of the row shifted by its first element, the pivot. For a
   // row like 1e3 +- 1e-2 the shifted values are exact and small, so their fp32 sums are too;
   // summing the row itself leaves its mean off by ~1e-4, a percent of the spread. Two-pass
@@ -264,7 +265,8 @@ __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, TYP
 
 // Row too long for registers: stream it, re-reading for each pass.
 template <typename T, typename W, typename O, int N>
-__global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(const NormParams p) {
+__global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(const NormParams p,
+                                                                            const float inv_cols) {
   __shared__ float scratch[3][core::kMaxWarpsPerBlock];
   const int64_t row = blockIdx.x;  // one row per block of kMaxStreamedThreads
   const bool active = row < p.rows;
@@ -301,7 +303,6 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
       sq += h.v[j] * h.v[j];
     }
   }
-  const float inv_cols = 1.0f / static_cast<float>(p.cols);
   float mean = 0.0f;
   if (p.type == NormType::kLayer) {
     // Two-pass variance: sum of squared deviations, not E[x^2] - mean^2, which cancels.
@@ -346,12 +347,15 @@ __global__ void __launch_bounds__(kMaxStreamedThreads) norm_streamed_kernel(cons
 template <typename T, typename W, typename O, int N, int ITEMS, int TPR, bool MOD, bool FP8>
 cudaError_t launch_cached(const NormParams& p, const dim3 grid, cudaStream_t stream) {
   const dim3 block(TPR, kMaxCachedThreads / TPR);
+  // The kernels' 1 / cols, computed here: an IEEE division in the kernel is a call with a slow
+  // path whose registers made the 32-register plain RMS kernel spill.
+  const float inv_cols = 1.0f / static_cast<float>(p.cols);
   if (p.type == NormType::kLayer) {
-    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kLayer, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kLayer, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p, inv_cols);
   } else if (p.residual) {
-    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kRms, true, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kRms, true, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p, inv_cols);
   } else {
-    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kRms, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p);
+    norm_cached_kernel<T, W, O, N, ITEMS, NormType::kRms, false, TPR, MOD, FP8><<<grid, block, 0, stream>>>(p, inv_cols);
   }
   return cudaGetLastError();
 }
@@ -398,7 +402,7 @@ cudaError_t launch_vec(const NormParams& p, const NormLaunchPlan& plan, cudaStre
   const dim3 grid(static_cast<unsigned>(plan.blocks));
   switch (plan.items) {
     case 0:
-      norm_streamed_kernel<T, W, O, N><<<grid, kMaxStreamedThreads, 0, stream>>>(p);
+      norm_streamed_kernel<T, W, O, N><<<grid, kMaxStreamedThreads, 0, stream>>>(p, 1.0f / static_cast<float>(p.cols));
       return cudaGetLastError();
     case 1: return launch_cached<T, W, O, N, 1>(p, plan, grid, stream);
     case 2: return launch_cached<T, W, O, N, 2>(p, plan, grid, stream);

@@ -307,15 +307,23 @@ TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
   mod.cols = mod.x_row_stride = mod.out_row_stride = 3072;  // 384 vectors: 128 threads x 4 (3 used)
   EXPECT_EQ(plan_norm(mod).threads_per_row, 128);
   EXPECT_EQ(plan_norm(mod).items, 4);
-  // With a residual (gated_residual_adaln_rms_norm), or no modulation (rms_norm_fp8): as the
-  // plain norm, whose plan each FP8 form shares.
+  // With a residual (gated_residual_adaln_rms_norm): as the plain fused-add norm; without
+  // modulation, the plan of the plain norm below. Each FP8 form shares its norm's plan.
   mod.cols = mod.x_row_stride = mod.out_row_stride = 2048;
   mod.residual = reinterpret_cast<const void*>(0x5000);
   EXPECT_EQ(plan_norm(mod).threads_per_row, 256);
   EXPECT_EQ(plan_norm(mod).items, 1);
-  NormParams fp8 = plan_params(DType::kBFloat16, 2048);
-  fp8.out_fp8 = reinterpret_cast<uint8_t*>(0x3000);
-  EXPECT_EQ(plan_norm(fp8).threads_per_row, 256);
+  // The plain RMS norm and its FP8 form: 2 vectors a thread from 1000 rows on, else 1.
+  NormParams plain = plan_params(DType::kBFloat16, 2048);
+  for (bool fp8 : {false, true}) {
+    plain.out_fp8 = fp8 ? reinterpret_cast<uint8_t*>(0x3000) : nullptr;
+    plain.rows = 1000;
+    EXPECT_EQ(plan_norm(plain).threads_per_row, 128);
+    EXPECT_EQ(plan_norm(plain).items, 2);
+    plain.rows = 999;
+    EXPECT_EQ(plan_norm(plain).threads_per_row, 256);
+    EXPECT_EQ(plan_norm(plain).items, 1);
+  }
   // Layer norms, plain and AdaLN (with or without the FP8 output): 4 vectors a thread too from
   // 1000 rows on; fewer rows keep the plain plan.
   NormParams layer = plan_params(DType::kBFloat16, 2048);
@@ -355,12 +363,12 @@ TEST(NormPlan, ShortRowsShareAWarp) {
 }
 
 TEST(NormPlan, CachesRowsInRegistersUpToTheLimit) {
-  // LTX D = 2048 bf16: one 16-byte vector per thread, one row per 256-thread block.
+  // LTX D = 2048 bf16, 1000 rows: two 16-byte vectors per thread, two rows per 256-thread block.
   const NormLaunchPlan ltx = plan_norm(plan_params(DType::kBFloat16, 2048));
-  EXPECT_EQ(ltx.items, 1);
-  EXPECT_EQ(ltx.threads_per_row, 256);
-  EXPECT_EQ(ltx.rows_per_block, 1);
-  EXPECT_EQ(ltx.blocks, 1000);
+  EXPECT_EQ(ltx.items, 2);
+  EXPECT_EQ(ltx.threads_per_row, 128);
+  EXPECT_EQ(ltx.rows_per_block, 2);
+  EXPECT_EQ(ltx.blocks, 500);
   const NormLaunchPlan llm = plan_norm(plan_params(DType::kBFloat16, 4096));
   EXPECT_EQ(llm.items, 2);
   EXPECT_EQ(llm.threads_per_row, 256);

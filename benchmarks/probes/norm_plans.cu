@@ -1,0 +1,88 @@
+// Norm kernel plans, timed directly: every (vectors a thread x threads a row) plan of
+// norm_cached_kernel for the plain RMS norm, the fused add + RMS norm and the layer norm (bf16,
+// weight, layer norm with bias), at D x rows = {1536, 2048, 3072, 4096, 5120} x {64, 1000, 5376,
+// 16128, 65536}, beside a device-to-device copy of the same bytes. Median of 40 launches, each
+// after a 256 MB memset that flushes L2; CUDA events. The plan_norm choice is one of these rows.
+// Build and run on the GPU machine from the repository root (PROBE_HEADER names the kernels
+// to time: the library's, or a patched copy of them beside this file; PROBE_OLD: the kernels
+// before they took 1 / cols as an argument, commit 7fadfa7 and earlier):
+//   nvcc -std=c++17 -arch=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr -DLTX_KERNELS_WITH_CUDA \
+//     -Iinclude -Isrc -DPROBE_TAG='"new"' -DPROBE_HEADER='"ops/norm_kernels.cuh"' \
+//     -o /tmp/norm_plans benchmarks/probes/norm_plans.cu && /tmp/norm_plans
+// Output lines: TAG KIND rows=R D=D PLAN: us (GB/s moved).
+#include <cuda_bf16.h>
+#include <cstdio>
+#include <vector>
+#include <algorithm>
+#include PROBE_HEADER
+using namespace ltx_kernels;
+using namespace ltx_kernels::norm_cuda;
+using bf = __nv_bfloat16;
+
+static char* flush_buf;
+template <typename F> float time_it(F f) {
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  std::vector<float> ts;
+  for (int r = 0; r < 40; ++r) {
+    cudaMemsetAsync(flush_buf, r, 256 << 20);
+    cudaEventRecord(a); f(); cudaEventRecord(b); cudaEventSynchronize(b);
+    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000);
+  }
+  std::sort(ts.begin(), ts.end()); return ts[ts.size() / 2];
+}
+
+template <int ITEMS, int TPR, NormType TYPE, bool RES>
+float run(NormParams p) {
+  const dim3 block(TPR, kMaxCachedThreads / TPR);
+  const dim3 grid((p.rows + kMaxCachedThreads / TPR - 1) / (kMaxCachedThreads / TPR));
+  float inv = 1.0f / p.cols;
+  auto f = [&] { norm_cached_kernel<bf, bf, bf, 8, ITEMS, TYPE, RES, TPR, false, false><<<grid, block>>>(p
+#ifndef PROBE_OLD
+  , inv
+#endif
+  ); };
+  f(); cudaError_t e = cudaDeviceSynchronize(); if (e) { printf("err %s\n", cudaGetErrorString(e)); exit(1); }
+  return time_it(f);
+}
+
+template <NormType TYPE, bool RES>
+void sweep(NormParams p) {
+  const int nvec = p.cols / 8;
+  auto pr = [&](const char* name, float us) {
+    double gb = (RES ? 4.0 : 2.0) * p.rows * p.cols * 2 / (us * 1e3);
+    printf("%s %s rows=%ld D=%ld %s: %.1f us (%.0f GB/s)\n", PROBE_TAG, TYPE == NormType::kLayer ? "layer" : RES ? "addrms" : "rms",
+           (long)p.rows, (long)p.cols, name, us, gb);
+  };
+#define TRY(I, T) if (nvec <= I * T && (I == 1 || nvec > I / 2 * T)) pr(#I "x" #T, run<I, T, TYPE, RES>(p));
+  TRY(1, 256) TRY(2, 128) TRY(4, 64) TRY(8, 32) TRY(2, 256) TRY(4, 128) TRY(8, 64) TRY(4, 256) TRY(8, 128)
+  TRY(1, 128) TRY(2, 64) TRY(4, 32) TRY(1, 64) TRY(2, 32)
+}
+
+int main() {
+  cudaMalloc(&flush_buf, 256 << 20);
+  const long maxel = 65536L * 5120;
+  bf *x, *w, *b, *out, *res, *newres; cudaMalloc(&x, maxel * 2); cudaMalloc(&out, maxel * 2);
+  cudaMalloc(&res, maxel * 2); cudaMalloc(&newres, maxel * 2);
+  cudaMalloc(&w, 8192 * 2); cudaMalloc(&b, 8192 * 2);
+  std::vector<bf> h(maxel);
+  for (long i = 0; i < maxel; ++i) h[i] = __float2bfloat16((float)((i * 2654435761u) % 1000) / 500.0f - 1.0f + 0.3f);
+  cudaMemcpy(x, h.data(), maxel * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(res, h.data(), maxel * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(w, h.data(), 8192 * 2, cudaMemcpyHostToDevice); cudaMemcpy(b, h.data() + 5, 8192 * 2, cudaMemcpyHostToDevice);
+  for (long D : {2048L, 3072L, 4096L, 1536L, 5120L}) for (long rows : {64L, 1000L, 5376L, 16128L, 65536L}) {
+    if (rows * D > maxel) continue;
+    NormParams p; p.dtype = DType::kBFloat16; p.weight_dtype = DType::kBFloat16; p.out_dtype = DType::kBFloat16;
+    p.rows = rows; p.cols = D; p.x = x; p.x_row_stride = D; p.weight = w; p.out = out; p.out_row_stride = D;
+    p.eps = 1e-6f;
+    {
+      auto us = time_it([&] { cudaMemcpyAsync(out, x, rows * D * 2, cudaMemcpyDeviceToDevice); });
+      printf("%s copy rows=%ld D=%ld: %.1f us (%.0f GB/s)\n", PROBE_TAG, rows, D, us, 2.0 * rows * D * 2 / (us * 1e3));
+    }
+    sweep<NormType::kRms, false>(p);
+    p.residual = res; p.residual_row_stride = D; p.new_residual = newres; p.new_residual_row_stride = D;
+    sweep<NormType::kRms, true>(p);
+    p.residual = nullptr; p.new_residual = nullptr;
+    p.type = NormType::kLayer; p.bias = b;
+    sweep<NormType::kLayer, false>(p);
+  }
+}
