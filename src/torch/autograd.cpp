@@ -18,6 +18,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,16 +75,24 @@ c10::OperatorHandle backward_of(const std::string& name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow((name + "_backward").c_str(), "");
 }
 
+// Ops registered with saved_only_for(op, names): tensor arguments their backward reads only for
+// the gradients of the named ones.
+std::map<std::string, std::vector<std::string>>& saved_only_for_registry() {
+  static std::map<std::string, std::vector<std::string>> registry;
+  return registry;
+}
+
 // The op's call as a torch::autograd::Function. `tensors` are the tensor arguments given (an
 // absent optional one is not a variable), `args` all the arguments with those tensors replaced
 // by None (the tensors are saved as SavedVariables, which check that they are not modified in
-// place before the backward); tensor i is argument positions[i] and the backward op's return
-// slots[i] (its ordinal among the schema's tensor arguments).
+// place before the backward, except those marked in `unsaved`: the backward gets None for
+// them); tensor i is argument positions[i] and the backward op's return slots[i] (its ordinal
+// among the schema's tensor arguments).
 struct Differentiable : torch::autograd::Function<Differentiable> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const c10::OperatorHandle& op, at::TensorList tensors,
                                                 std::vector<c10::IValue> args, std::vector<int64_t> positions,
-                                                std::vector<int64_t> slots) {
+                                                std::vector<int64_t> slots, std::vector<int64_t> unsaved) {
     torch::jit::Stack stack = args;
     for (size_t i = 0; i < tensors.size(); ++i) stack[positions[i]] = tensors[i];
     {
@@ -92,6 +102,9 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
     torch::autograd::variable_list outputs;
     for (const c10::IValue& v : stack) outputs.push_back(v.toTensor());
     torch::autograd::variable_list saved = tensors.vec();
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (unsaved[i]) saved[i] = at::Tensor();
+    }
     const c10::FunctionSchema& backward_schema = backward_of(op.operator_name().name).schema();
     if (backward_schema.arguments().size() > op.schema().returns().size() + op.schema().arguments().size()) {
       saved.insert(saved.end(), outputs.begin(), outputs.end());
@@ -114,11 +127,13 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
     const std::vector<int64_t> slots = ctx->saved_data["slots"].toIntVector();
     torch::jit::Stack stack(grads.begin(), grads.end());
     for (const c10::IValue& v : ctx->saved_data["args"].toTupleRef().elements()) stack.push_back(v);
-    for (size_t i = 0; i < inputs; ++i) stack[grads.size() + positions[i]] = saved[i];
+    for (size_t i = 0; i < inputs; ++i) {
+      if (saved[i].defined()) stack[grads.size() + positions[i]] = saved[i];  // else None
+    }
     for (size_t i = inputs; i < saved.size(); ++i) stack.push_back(saved[i]);  // the outputs, if saved
     backward_op.callBoxed(stack);
-    // One gradient per argument of forward: op, each tensor, args, positions, slots.
-    torch::autograd::variable_list out(inputs + 4);
+    // One gradient per argument of forward: op, each tensor, args, positions, slots, unsaved.
+    torch::autograd::variable_list out(inputs + 5);
     for (size_t i = 0; i < inputs; ++i) out[1 + i] = stack.at(slots[i]).toTensor();
     return out;
   }
@@ -134,8 +149,18 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   }
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   torch::jit::drop(*stack, num_args);
+  // saved_only_for: whether any of the named arguments requires grad.
+  const auto rule = saved_only_for_registry().find(schema.name());
+  const bool is_rule = rule != saved_only_for_registry().end();
+  const auto named = [&](size_t i) {
+    return is_rule && std::count(rule->second.begin(), rule->second.end(), schema.arguments()[i].name()) > 0;
+  };
+  bool named_requires_grad = false;
+  for (size_t i = 0; i < num_args; ++i) {
+    named_requires_grad |= named(i) && args[i].isTensor() && args[i].toTensor().requires_grad();
+  }
   std::vector<at::Tensor> tensors;
-  std::vector<int64_t> positions, slots;
+  std::vector<int64_t> positions, slots, unsaved;
   int64_t slot = 0;
   for (size_t i = 0; i < num_args; ++i) {
     if (!schema.arguments()[i].type()->isSubtypeOf(*c10::OptionalType::ofTensor())) continue;  // Tensor(?)
@@ -143,13 +168,14 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
       tensors.push_back(args[i].toTensor());
       positions.push_back(static_cast<int64_t>(i));
       slots.push_back(slot);
+      unsaved.push_back(is_rule && !named(i) && !named_requires_grad);
       args[i] = c10::IValue();
     }
     ++slot;
   }
   // A TensorList, not the vector: Function::apply finds the variables by argument type.
   for (at::Tensor& out : Differentiable::apply(op, at::TensorList(tensors), std::move(args), std::move(positions),
-                                               std::move(slots))) {
+                                               std::move(slots), std::move(unsaved))) {
     stack->push_back(std::move(out));
   }
 }
@@ -162,6 +188,10 @@ torch::CppFunction forward_only_kernel() {
 
 torch::CppFunction differentiable_kernel() {
   return torch::CppFunction::makeFromBoxedFunction<&differentiable>();
+}
+
+void saved_only_for(const std::string& op, std::vector<std::string> arguments) {
+  saved_only_for_registry()[std::string(LTX_KERNELS_OPS_NAMESPACE_STR "::") + op] = std::move(arguments);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -9,6 +9,9 @@
 
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
 #ifndef LTX_KERNELS_OPS_NAMESPACE
 #define LTX_KERNELS_OPS_NAMESPACE ltx_kernels
 #endif
@@ -62,4 +65,9 @@ struct NamedKernel<R(Args...), F, Tag> {
 torch::CppFunction forward_only_kernel();
 // The Autograd kernel of an op `<name>` with a registered `<name>_backward` (autograd.cpp).
 torch::CppFunction differentiable_kernel();
+// For an op with a differentiable_kernel whose backward reads its other tensor arguments only
+// for the gradients of `arguments` (the RoPE tables: the rotation is linear in q and k): those
+// others are saved for the backward only when one of `arguments` requires grad, else the
+// backward gets None for them (its schema declares them optional).
+void saved_only_for(const std::string& op, std::vector<std::string> arguments);
 }  // namespace ltx_kernels::torch_ext

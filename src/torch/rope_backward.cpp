@@ -69,21 +69,31 @@ at::Tensor table_grad(const at::Tensor& gq, const at::Tensor& q, const at::Tenso
   return sum.reshape_symint(table.sym_sizes()).to(table.scalar_type());
 }
 
+// q and k (x for ltx_rope) are given only when the tables require grad (their gradients are
+// the only ones that read them: autograd.cpp's linear_in_values); without them the tables get
+// none_grad and the checks read the output gradients' shapes instead.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_rotary_pos_emb_backward(
-    const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const OptTensor& q, const OptTensor& k,
     const at::Tensor& cos, const at::Tensor& sin, bool interleaved, int64_t unsqueeze_dim,
     at::OptionalIntArrayRef sections) {
-  check_rope_args(q, k, cos, sin, interleaved, unsqueeze_dim, sections);
-  check_grad(grad_q_out, "grad_q_out", q, q.scalar_type());
-  check_grad(grad_k_out, "grad_k_out", k, k.scalar_type());
+  TORCH_CHECK_VALUE(q.has_value() == k.has_value(), "q and k must be given together");
   // Output gradients may come in any layout (autograd's zeros for an unused output are an
   // expanded scalar); the kernel reads rows with a contiguous last dim.
-  const auto [gq, gk] = call_rope(grad_q_out.contiguous(), grad_k_out.contiguous(), cos,
-                                  swap_pairs(sin, interleaved, sections).neg(), interleaved, unsqueeze_dim, sections);
+  const at::Tensor g_q = grad_q_out.contiguous(), g_k = grad_k_out.contiguous();
+  if (q) {
+    check_rope_args(*q, *k, cos, sin, interleaved, unsqueeze_dim, sections);
+    check_grad(grad_q_out, "grad_q_out", *q, q->scalar_type());
+    check_grad(grad_k_out, "grad_k_out", *k, k->scalar_type());
+  } else {
+    check_rope_args(g_q, g_k, cos, sin, interleaved, unsqueeze_dim, sections);
+  }
+  const auto [gq, gk] =
+      call_rope(g_q, g_k, cos, swap_pairs(sin, interleaved, sections).neg(), interleaved, unsqueeze_dim, sections);
+  if (!q) return {gq, gk, none_grad(cos), none_grad(sin)};
   // The rotated inputs rot(q), rot(k): the op with cos 0 and sin 1 (a signed permutation, exact).
   const auto [rq, rk] =
-      call_rope(q, k, at::zeros_like(cos), at::ones_like(sin), interleaved, unsqueeze_dim, sections);
-  return {gq, gk, table_grad(grad_q_out, q, grad_k_out, k, cos, unsqueeze_dim),
+      call_rope(*q, *k, at::zeros_like(cos), at::ones_like(sin), interleaved, unsqueeze_dim, sections);
+  return {gq, gk, table_grad(grad_q_out, *q, grad_k_out, *k, cos, unsqueeze_dim),
           table_grad(grad_q_out, rq, grad_k_out, rk, sin, unsqueeze_dim)};
 }
 
@@ -94,14 +104,19 @@ at::Tensor call_ltx_rope(const at::Tensor& x, const at::Tensor& cos, const at::T
   return op.call(x, cos, sin);
 }
 
-Grads3 ltx_rope_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& cos,
+Grads3 ltx_rope_backward(const at::Tensor& grad_out, const OptTensor& x, const at::Tensor& cos,
                          const at::Tensor& sin) {
-  check_ltx_rope_args(x, cos, sin);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor g = grad_out.contiguous();
+  if (x) {
+    check_ltx_rope_args(*x, cos, sin);
+    check_grad(grad_out, "grad_out", *x, x->scalar_type());
+  } else {
+    check_ltx_rope_args(g, cos, sin);
+  }
   const at::Tensor gx = call_ltx_rope(g, cos, swap_pairs(sin, true, std::nullopt).neg());
-  const at::Tensor rotated = call_ltx_rope(x, at::zeros_like(cos), at::ones_like(sin));
-  return {gx, reduce_like(f32(g) * f32(x), cos), reduce_like(f32(g) * f32(rotated), sin)};
+  if (!x) return {gx, none_grad(cos), none_grad(sin)};
+  const at::Tensor rotated = call_ltx_rope(*x, at::zeros_like(cos), at::ones_like(sin));
+  return {gx, reduce_like(f32(g) * f32(*x), cos), reduce_like(f32(g) * f32(rotated), sin)};
 }
 
 at::Tensor call_ltx_rope_angles(const at::Tensor& x, at::IntArrayRef grid, at::ArrayRef<double> axis_scale,
@@ -156,14 +171,19 @@ at::Tensor coords_grad(const std::vector<std::pair<at::Tensor, at::Tensor>>& gra
   return (da.unflatten(-1, {freqs, 3}) * slope).sum(-2).transpose(1, 2).to(coords.scalar_type());
 }
 
-Grads2 ltx_rope_angles_backward(const at::Tensor& grad_out, const at::Tensor& x, at::IntArrayRef grid,
+// x is given only when video_coords requires grad (as for the table forms above).
+Grads2 ltx_rope_angles_backward(const at::Tensor& grad_out, const OptTensor& x, at::IntArrayRef grid,
                                 at::ArrayRef<double> axis_scale, const OptTensor& coords, double theta) {
-  check_ltx_rope_angles_args(x, grid, axis_scale, coords, theta);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
+  if (x) {
+    check_ltx_rope_angles_args(*x, grid, axis_scale, coords, theta);
+    check_grad(grad_out, "grad_out", *x, x->scalar_type());
+  } else {
+    check_ltx_rope_angles_args(grad_out.contiguous(), grid, axis_scale, coords, theta);
+  }
   const at::Tensor gx = rotate_back(grad_out, grid, axis_scale, coords, theta);
-  if (!coords) return {gx, none_grad(x)};
+  if (!x || !coords) return {gx, none_grad(coords ? *coords : grad_out)};
   // The outputs in fp32: d out / d angle is read off them.
-  const at::Tensor out = call_ltx_rope_angles(f32(x), grid, axis_scale, coords, theta);
+  const at::Tensor out = call_ltx_rope_angles(f32(*x), grid, axis_scale, coords, theta);
   return {gx, coords_grad({{grad_out, out}}, axis_scale, *coords, theta)};
 }
 

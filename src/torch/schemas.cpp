@@ -153,16 +153,22 @@ LTX_KERNELS_LIBRARY(m) {
   // [B, S, H, Dh]. sections: half-split rotation within each section (default: one).
   def_with_backward("apply_rotary_pos_emb(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False,"
                     " int unsqueeze_dim=1, int[]? sections=None) -> (Tensor q_out, Tensor k_out)",
-                    "apply_rotary_pos_emb_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor q, Tensor k,"
+                    "apply_rotary_pos_emb_backward(Tensor grad_q_out, Tensor grad_k_out, Tensor? q, Tensor? k,"
                     " Tensor cos, Tensor sin, bool interleaved=False, int unsqueeze_dim=1, int[]? sections=None)"
                     " -> (Tensor grad_q, Tensor grad_k, Tensor grad_cos, Tensor grad_sin)");
   def_with_backward("ltx_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
-                    "ltx_rope_backward(Tensor grad_out, Tensor x, Tensor cos, Tensor sin)"
+                    "ltx_rope_backward(Tensor grad_out, Tensor? x, Tensor cos, Tensor sin)"
                     " -> (Tensor grad_x, Tensor grad_cos, Tensor grad_sin)");
   def_with_backward("ltx_rope_angles(Tensor x, int[3] grid, float[3] axis_scale, Tensor? video_coords=None,"
                     " float theta=10000.0) -> Tensor",
-                    "ltx_rope_angles_backward(Tensor grad_out, Tensor x, int[3] grid, float[3] axis_scale,"
+                    "ltx_rope_angles_backward(Tensor grad_out, Tensor? x, int[3] grid, float[3] axis_scale,"
                     " Tensor? video_coords=None, float theta=10000.0) -> (Tensor grad_x, Tensor grad_video_coords)");
+  // The rotations are linear in q, k and x: the backward reads their values only for the
+  // gradients of the tables (video_coords), which models build without grad. Not saving them
+  // spares a Llama layer 1.25 hidden states a token of activation memory.
+  ltx_kernels::torch_ext::saved_only_for("apply_rotary_pos_emb", {"cos", "sin"});
+  ltx_kernels::torch_ext::saved_only_for("ltx_rope", {"cos", "sin"});
+  ltx_kernels::torch_ext::saved_only_for("ltx_rope_angles", {"video_coords"});
   def_with_backward("ltx_qk_norm_rope(Tensor q, Tensor k, Tensor? weight_q, Tensor? weight_k, float eps,"
                     " int[3] grid, float[3] axis_scale, Tensor? video_coords=None, float theta=10000.0)"
                     " -> (Tensor q_out, Tensor k_out)",

@@ -415,6 +415,51 @@ def test_ltx_rope(device, dtype, d, table):
                 [x, cos, sin], [xv, cos, sin], dtype)
 
 
+def saved_storages(fn, *args):
+    """fn(*args)'s outputs and the storages autograd saved for their backward."""
+    saved = set()
+
+    def pack(t):
+        saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outs = fn(*args)
+    return outs, saved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["apply_rotary_pos_emb", "ltx_rope", "ltx_rope_angles"])
+def test_rope_saves_its_inputs_only_for_the_tables_gradients(device, dtype, form):
+    """The rotations are linear in q, k (x): with tables (video_coords) that do not require grad,
+    as models build them, the backward saves none of q, k, x and still gets their gradients
+    right; with tables that do, q, k, x are saved for the tables' gradients (the tests above)."""
+    b, s, d = 2, 12, 12
+    q, qv = leaf((b, s, 4, d), dtype, device, strided=True)
+    k, kv = leaf((b, s, 2, d), dtype, device)
+    x, xv = leaf((b, s, 4 * d), dtype, device, strided=True)
+    if form == "apply_rotary_pos_emb":
+        cos, sin = (torch.randn(b, s, d, device=device).to(dtype) for _ in range(2))
+        ours = lambda q, k: ops.apply_rotary_pos_emb(q, k, cos, sin, False, 2, None)
+        formula = lambda q, k: tuple(llm_rope_formula(t, cos.double(), sin.double(), 2, False) for t in (q, k))
+        leaves, views = [q, k], [qv, kv]
+    elif form == "ltx_rope":
+        cos, sin = (torch.randn(b, s, 4 * d, device=device).to(dtype) for _ in range(2))
+        ours = lambda x: ops.ltx_rope(x, cos, sin)
+        formula = lambda x: x * cos.double() + rotate_interleaved(x) * sin.double()
+        leaves, views = [x], [xv]
+    else:
+        grid, axis_scale = (2, 2, 3), (0.05, 0.1, 0.1)
+        coords = torch.rand(b, 3, s, device=device) * 4.0
+        ours = lambda x: ops.ltx_rope_angles(x, grid, axis_scale, coords, 100.0)
+        formula = lambda x: ltx_rope_formula(x, *ltx_tables_fp64(b, s, 4 * d, grid, axis_scale, coords, 100.0))
+        leaves, views = [x], [xv]
+    _, saved = saved_storages(ours, *views)
+    assert not {t.untyped_storage().data_ptr() for t in views} & saved
+    check_grads(ours, formula, leaves, views, dtype)
+
+
 def ltx_positions_for_grad(kind, b, grid, device):
     """(video_coords leaf or None, axis_scale): the grid alone, or per-sample coordinates that
     require grad (positions a model computes; their gradient flows through the angles)."""
