@@ -1,7 +1,7 @@
 // Fused CUDA backward of rms_norm, fused_add_rms_norm and layer_norm (the forms LLM training
 // runs; norm.h has the forward). For each row of a [rows, cols] matrix, from the forward's
 // input and the output's gradient dy, with w = weight + weight_offset (1 without a weight):
-//   h     = x, or x + residual rounded to dtype (fused_add_rms_norm: the value it normalized)
+//   h     = x (for fused_add_rms_norm its new_residual: the rounded sum it normalized)
 //   xhat  = norm(h)                      (the row statistics recomputed, not saved)
 //   dx    = d loss / d h through y = xhat * w + bias, plus grad_new_residual when given
 //   dw    = sum over rows of dy * xhat,  dbias = sum over rows of dy
@@ -27,18 +27,16 @@ namespace ltx_kernels {
 
 struct NormBackwardParams {
   NormType type = NormType::kRms;
-  DType dtype = DType::kFloat32;  // of x, residual, grad_out, grad_new_residual, out, out_b
+  DType dtype = DType::kFloat32;  // of x, grad_out, grad_new_residual, out, out_b
   int64_t rows = 0;
   int64_t cols = 0;
   float eps = 1e-6f;
 
   const void* x = nullptr;  // [rows, cols], row strides in elements
   int64_t x_row_stride = 0;
-  const void* residual = nullptr;  // optional (RMS only): h = x + residual
-  int64_t residual_row_stride = 0;
   const void* grad_out = nullptr;  // dy
   int64_t grad_out_row_stride = 0;
-  const void* grad_new_residual = nullptr;  // optional (with residual): added to dx
+  const void* grad_new_residual = nullptr;  // optional (RMS only): added to dx
   int64_t grad_new_residual_row_stride = 0;
   const void* weight = nullptr;  // [cols] optional, in weight_dtype (dtype or float32)
   DType weight_dtype = DType::kFloat32;  // of weight, bias (absent here: only its gradient), dweight, dbias

@@ -10,8 +10,8 @@ ValidationError validate(const NormBackwardParams& p) {
   if (p.rows < 0) return "rows must be >= 0";
   if (p.cols < 0) return "cols must be >= 0";
   if (!(p.eps >= 0.0f)) return "eps must be >= 0";
-  if (p.residual != nullptr && p.type != NormType::kRms) return "a residual is only defined for the RMS norm";
-  if (p.grad_new_residual != nullptr && p.residual == nullptr) return "grad_new_residual needs a residual";
+  if (p.grad_new_residual != nullptr && p.type != NormType::kRms)
+    return "grad_new_residual is only defined for the RMS norm";
   if (p.dbias_partial != nullptr && p.type != NormType::kLayer) return "a bias is only defined for layer norm";
   if ((p.weight == nullptr) != (p.dweight_partial == nullptr) || (p.weight == nullptr) != (p.dweight == nullptr))
     return "weight, dweight_partial and dweight go together";
@@ -23,7 +23,7 @@ ValidationError validate(const NormBackwardParams& p) {
   if (p.grad_out == nullptr) return "grad_out is null";
   if (p.out == nullptr) return "out is null";
   if (p.blocks < 1) return "blocks must be >= 1";
-  if (p.x_row_stride < 0 || p.residual_row_stride < 0 || p.grad_out_row_stride < 0 ||
+  if (p.x_row_stride < 0 || p.grad_out_row_stride < 0 ||
       p.grad_new_residual_row_stride < 0)
     return "input row strides must be >= 0";
   if (p.rows > 1 && p.out_row_stride < p.cols) return "out rows overlap (out_row_stride < cols)";
@@ -35,10 +35,10 @@ ValidationError validate(const NormBackwardParams& p) {
 NormBackwardPlan plan_norm_backward(const NormBackwardParams& p) {
   using host_util::aligned16;
   const int vec = 16 / dtype_size(p.dtype);
-  const bool aligned = p.cols % vec == 0 && p.x_row_stride % vec == 0 && p.residual_row_stride % vec == 0 &&
+  const bool aligned = p.cols % vec == 0 && p.x_row_stride % vec == 0 &&
                        p.grad_out_row_stride % vec == 0 && p.grad_new_residual_row_stride % vec == 0 &&
                        p.out_row_stride % vec == 0 && p.out_b_row_stride % vec == 0 && aligned16(p.x) &&
-                       aligned16(p.residual) && aligned16(p.grad_out) && aligned16(p.grad_new_residual) &&
+                       aligned16(p.grad_out) && aligned16(p.grad_new_residual) &&
                        aligned16(p.out) && aligned16(p.out_b) && aligned16(p.weight);
   NormBackwardPlan plan;
   plan.vec = aligned ? vec : 1;

@@ -1,7 +1,7 @@
 // CUDA kernel and launcher of the fused norm backward (include/ltx_kernels/norm_backward.h).
 //
 // Persistent blocks of 256 threads walk the rows (block b takes row groups b, b + blocks, ...);
-// each row is read once (x, the residual, dy, grad_new_residual) into registers, reduced
+// each row is read once (x, dy, grad_new_residual) into registers, reduced
 // (RMS: sum h^2 and sum dxhat * h together; layer norm: the mean, then three sums), and dx
 // written. A thread keeps the same columns for every row it visits, so its share of dw and
 // dbias accumulates in fp32 registers over all of them; at the end the block's row groups add
@@ -24,7 +24,7 @@ using core::Vec;
 // only after every warp passed the following reduction's barrier, so after it was read.
 constexpr int kScratches = 4;
 
-template <typename T, int N, int ITEMS, int TPR, bool LAYER, bool RESIDUAL>
+template <typename T, int N, int ITEMS, int TPR, bool LAYER, bool NEW_RESIDUAL>
 __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(const NormBackwardParams p,
                                                                                   const float inv_cols) {
   constexpr int kGroups = kNormBackwardThreads / TPR;
@@ -62,15 +62,6 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
       if (active && valid(i)) {
         hv = core::load_stream<T, N>(x + col(i));
         dv = core::load_stream<T, N>(dy_row + col(i));
-        if constexpr (RESIDUAL) {
-          // h as the forward rounded it before normalizing.
-          const T* res = static_cast<const T*>(p.residual) + r * p.residual_row_stride;
-          Floats<N> sum = core::widen(hv);
-          const Floats<N> rv = core::widen(core::load_stream<T, N>(res + col(i)));
-#pragma unroll
-          for (int j = 0; j < N; ++j) sum.v[j] = __fadd_rn(sum.v[j], rv.v[j]);
-          hv = core::narrow<T>(sum);
-        }
       }
       h[i] = core::widen(hv);
       dxhat[i] = core::widen(dv);  // dy for now
@@ -121,14 +112,13 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
     const float c = rstd * rstd * mean_dxhat_xc;
     T* out = static_cast<T*>(p.out) + row * p.out_row_stride;
     T* out_b = p.out_b ? static_cast<T*>(p.out_b) + row * p.out_b_row_stride : nullptr;
-    const T* gnr = RESIDUAL && p.grad_new_residual
-                       ? static_cast<const T*>(p.grad_new_residual) + row * p.grad_new_residual_row_stride
-                       : nullptr;
+    const T* gnr = NEW_RESIDUAL ? static_cast<const T*>(p.grad_new_residual) + row * p.grad_new_residual_row_stride
+                                : nullptr;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       if (!valid(i)) continue;
       Floats<N> extra{};
-      if (RESIDUAL && gnr) extra = core::widen(core::load_stream<T, N>(gnr + col(i)));
+      if constexpr (NEW_RESIDUAL) extra = core::widen(core::load_stream<T, N>(gnr + col(i)));
       Floats<N> dx;
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -137,7 +127,7 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
         dw[i].v[j] = fmaf(dy, xhat, dw[i].v[j]);
         if constexpr (LAYER) db[i].v[j] += dy;
         const float d = dy * w[i].v[j] - mean_dxhat;
-        dx.v[j] = rstd * fmaf(-c, h[i].v[j], d) + (RESIDUAL && gnr ? extra.v[j] : 0.0f);
+        dx.v[j] = rstd * fmaf(-c, h[i].v[j], d) + (NEW_RESIDUAL ? extra.v[j] : 0.0f);
       }
       const Vec<T, N> dxv = core::narrow<T>(dx);
       core::store(out + col(i), dxv);
@@ -225,7 +215,7 @@ cudaError_t launch_shape(const NormBackwardParams& p, cudaStream_t stream) {
   const float inv_cols = 1.0f / static_cast<float>(p.cols);  // on the host: see norm_kernels.cuh
   if (p.type == NormType::kLayer) {
     norm_backward_kernel<T, N, ITEMS, TPR, true, false><<<grid, block, 0, stream>>>(p, inv_cols);
-  } else if (p.residual) {
+  } else if (p.grad_new_residual) {
     norm_backward_kernel<T, N, ITEMS, TPR, false, true><<<grid, block, 0, stream>>>(p, inv_cols);
   } else {
     norm_backward_kernel<T, N, ITEMS, TPR, false, false><<<grid, block, 0, stream>>>(p, inv_cols);

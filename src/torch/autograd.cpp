@@ -10,9 +10,11 @@
 // own arguments>)` returning one gradient per tensor argument. Both are registered ops, so
 // torch.compile traces them as they are and AOTAutograd partitions forward from backward; the
 // backward recomputes what it needs from the inputs (e.g. a row's rstd) instead of saving it,
-// unless recomputing costs what the forward did: a backward op whose schema goes on after the
-// op's arguments takes the op's outputs there, and they are saved too (fused_linear_cross_
-// entropy's row log-sum-exp, a pass of the head's GEMM).
+// unless an output serves it better: a backward op whose schema goes on after the op's
+// arguments takes the outputs named there, and they are saved too (fused_linear_cross_entropy's
+// row log-sum-exp, a pass of the head's GEMM; fused_add_rms_norm's new_residual, one tensor
+// where its inputs were two). Arguments a backward does not need are left unsaved by
+// save_only_when (registration.h).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -75,11 +77,18 @@ c10::OperatorHandle backward_of(const std::string& name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow((name + "_backward").c_str(), "");
 }
 
-// Ops registered with saved_only_for(op, names): tensor arguments their backward reads only for
-// the gradients of the named ones.
-std::map<std::string, std::vector<std::string>>& saved_only_for_registry() {
-  static std::map<std::string, std::vector<std::string>> registry;
-  return registry;
+// save_only_when(op, arguments, requiring_grad): the arguments of op saved for its backward only
+// when one of requiring_grad requires grad (never when that is empty).
+struct SaveRule {
+  std::vector<std::string> arguments, requiring_grad;
+};
+std::map<std::string, SaveRule>& save_rules() {
+  static std::map<std::string, SaveRule> rules;
+  return rules;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 // The op's call as a torch::autograd::Function. `tensors` are the tensor arguments given (an
@@ -105,9 +114,14 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
     for (size_t i = 0; i < saved.size(); ++i) {
       if (unsaved[i]) saved[i] = at::Tensor();
     }
-    const c10::FunctionSchema& backward_schema = backward_of(op.operator_name().name).schema();
-    if (backward_schema.arguments().size() > op.schema().returns().size() + op.schema().arguments().size()) {
-      saved.insert(saved.end(), outputs.begin(), outputs.end());
+    // The outputs the backward op takes after the op's arguments, by name.
+    const std::vector<c10::Argument>& backward_args = backward_of(op.operator_name().name).schema().arguments();
+    const std::vector<c10::Argument>& returns = op.schema().returns();
+    for (size_t a = returns.size() + op.schema().arguments().size(); a < backward_args.size(); ++a) {
+      size_t r = 0;
+      while (r < returns.size() && returns[r].name() != backward_args[a].name()) ++r;
+      TORCH_INTERNAL_ASSERT(r < returns.size(), backward_args[a].name(), " is not an output of ", op.schema().name());
+      saved.push_back(outputs[r]);
     }
     ctx->save_for_backward(saved);
     ctx->saved_data["inputs"] = static_cast<int64_t>(tensors.size());
@@ -149,15 +163,13 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   }
   std::vector<c10::IValue> args(stack->end() - num_args, stack->end());
   torch::jit::drop(*stack, num_args);
-  // saved_only_for: whether any of the named arguments requires grad.
-  const auto rule = saved_only_for_registry().find(schema.name());
-  const bool is_rule = rule != saved_only_for_registry().end();
-  const auto named = [&](size_t i) {
-    return is_rule && std::count(rule->second.begin(), rule->second.end(), schema.arguments()[i].name()) > 0;
-  };
-  bool named_requires_grad = false;
-  for (size_t i = 0; i < num_args; ++i) {
-    named_requires_grad |= named(i) && args[i].isTensor() && args[i].toTensor().requires_grad();
+  // save_only_when: which arguments go unsaved in this call.
+  const auto found = save_rules().find(schema.name());
+  const SaveRule* rule = found == save_rules().end() ? nullptr : &found->second;
+  bool save_all = rule == nullptr;
+  for (size_t i = 0; i < num_args && !save_all; ++i) {
+    save_all = contains(rule->requiring_grad, schema.arguments()[i].name()) && args[i].isTensor() &&
+               args[i].toTensor().requires_grad();
   }
   std::vector<at::Tensor> tensors;
   std::vector<int64_t> positions, slots, unsaved;
@@ -168,7 +180,7 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
       tensors.push_back(args[i].toTensor());
       positions.push_back(static_cast<int64_t>(i));
       slots.push_back(slot);
-      unsaved.push_back(is_rule && !named(i) && !named_requires_grad);
+      unsaved.push_back(!save_all && contains(rule->arguments, schema.arguments()[i].name()));
       args[i] = c10::IValue();
     }
     ++slot;
@@ -190,8 +202,10 @@ torch::CppFunction differentiable_kernel() {
   return torch::CppFunction::makeFromBoxedFunction<&differentiable>();
 }
 
-void saved_only_for(const std::string& op, std::vector<std::string> arguments) {
-  saved_only_for_registry()[std::string(LTX_KERNELS_OPS_NAMESPACE_STR "::") + op] = std::move(arguments);
+void save_only_when(const std::string& op, std::vector<std::string> arguments,
+                    std::vector<std::string> requiring_grad) {
+  save_rules()[std::string(LTX_KERNELS_OPS_NAMESPACE_STR "::") + op] = {std::move(arguments),
+                                                                        std::move(requiring_grad)};
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -155,13 +155,14 @@ Rows memory_order_rows(const at::Tensor& t) {
   return r;
 }
 
-void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype) {
+void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype,
+                const char* x_name) {
   TORCH_CHECK_TYPE(grad.scalar_type() == out_dtype, name, " must have the output's dtype (", out_dtype, "), got ",
                    grad.scalar_type());
-  TORCH_CHECK_VALUE(grad.device() == x.device(), name, " must be on the device of x (", device_str(x.device()),
-                    "), got ", device_str(grad.device()));
-  TORCH_CHECK_VALUE(grad.sym_sizes() == x.sym_sizes(), name, " must have the shape of x ", dims_str(x.sym_sizes()),
-                    ", got ", dims_str(grad.sym_sizes()));
+  TORCH_CHECK_VALUE(grad.device() == x.device(), name, " must be on the device of ", x_name, " (",
+                    device_str(x.device()), "), got ", device_str(grad.device()));
+  TORCH_CHECK_VALUE(grad.sym_sizes() == x.sym_sizes(), name, " must have the shape of ", x_name, " ",
+                    dims_str(x.sym_sizes()), ", got ", dims_str(grad.sym_sizes()));
 }
 
 at::Tensor last_dim_contiguous(const at::Tensor& grad) {

@@ -75,8 +75,9 @@ bool rows_dense_in_memory(const at::Tensor& t);
 Rows memory_order_rows(const at::Tensor& t);
 
 // A backward op's gradient of an output: the output's dtype, x's device and shape; any layout
-// (autograd may pass an expanded view).
-void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype);
+// (autograd may pass an expanded view). x is named x_name in the messages.
+void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype,
+                const char* x_name = "x");
 
 // The gradient of an output as a backward op's kernel reads it (a contiguous last dim):
 // autograd may pass an expanded view, e.g. y.sum()'s gradient has stride 0 everywhere.

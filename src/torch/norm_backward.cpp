@@ -93,12 +93,19 @@ void check_layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, 
   check_grad(grad_out, "grad_out", x, x.scalar_type());
 }
 
+// x and residual are None when autograd calls it (save_only_when in schemas.cpp: the saved
+// new_residual serves instead); given, they must add up to new_residual's shape and dtype.
 void check_fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
-                                       const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
-                                       double eps) {
-  check_norm_args("fused_add_rms_norm_backward", x, &residual, weight, std::nullopt, eps, Params::kLikeXOrFloat32);
-  check_grad(grad_out, "grad_out", x, x.scalar_type());
-  check_grad(grad_new_residual, "grad_new_residual", x, x.scalar_type());
+                                       const OptTensor& x, const OptTensor& residual, const OptTensor& weight,
+                                       double eps, const at::Tensor& new_residual) {
+  // new_residual first, by its name: check_norm_args calls its x argument x.
+  check_activation(new_residual, "new_residual");
+  check_grad(grad_out, "grad_out", new_residual, new_residual.scalar_type(), "new_residual");
+  check_grad(grad_new_residual, "grad_new_residual", new_residual, new_residual.scalar_type(), "new_residual");
+  if (x) check_like(*x, "x", new_residual, "new_residual");
+  if (residual) check_like(*residual, "residual", new_residual, "new_residual");
+  check_norm_args("fused_add_rms_norm_backward", new_residual, nullptr, weight, std::nullopt, eps,
+                  Params::kLikeXOrFloat32);
 }
 
 Grads2 rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, const OptTensor& weight, double eps,
@@ -118,13 +125,14 @@ Grads3 layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, cons
 // new_residual = x + residual (rounded to the dtype, the value the norm reads), out =
 // rms_norm(new_residual): both inputs get the sum of the two paths' gradients.
 Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
-                                   const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
-                                   double eps, double weight_offset) {
-  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps);
-  const at::Tensor h = (f32(x) + f32(residual)).to(x.scalar_type());
-  const auto [dh, dw, db] = affine_norm_backward(f32(grad_out), h, weight, std::nullopt, false, eps, weight_offset);
+                                   const OptTensor& x, const OptTensor& residual, const OptTensor& weight,
+                                   double eps, double weight_offset, const at::Tensor& new_residual) {
+  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, new_residual);
+  const at::ScalarType dtype = new_residual.scalar_type();
+  const auto [dh, dw, db] =
+      affine_norm_backward(f32(grad_out), new_residual, weight, std::nullopt, false, eps, weight_offset);
   const at::Tensor d = dh + f32(grad_new_residual);
-  return {grad_as(d, x.scalar_type()), fresh_grad(d, residual.scalar_type()), dw};  // (not d twice)
+  return {grad_as(d, dtype), fresh_grad(d, dtype), dw};  // (not d twice)
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(
@@ -282,12 +290,11 @@ std::optional<NormBackwardParams> fused_form(NormType type, const at::Tensor& gr
 // The gradients from the fused kernel, or nullopt when the rows do not fit it (the vector width,
 // and so the row length it holds in registers, depends on the pointers and strides).
 std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* op, const at::Tensor& grad_out,
-                                              const at::Tensor& x, const at::Tensor* residual,
-                                              const at::Tensor* grad_new_residual, const OptTensor& weight,
-                                              const OptTensor& bias) {
+                                              const at::Tensor& x, const at::Tensor* grad_new_residual,
+                                              const OptTensor& weight, const OptTensor& bias) {
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
-  if (residual) g.d_residual = at::empty(x.sizes(), x.options());
+  if (grad_new_residual) g.d_residual = at::empty(x.sizes(), x.options());
   g.dweight = none_grad(x);
   g.dbias = none_grad(x);
   if (p.rows == 0 || p.cols == 0) {  // no rows: zero weight and bias gradients
@@ -300,11 +307,8 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
   p.x_row_stride = x_rows.row_stride;
   p.grad_out = dy_rows.tensor.const_data_ptr();
   p.grad_out_row_stride = dy_rows.row_stride;
-  Rows res_rows, gnr_rows;
-  if (residual) {
-    res_rows = as_rows(*residual);
-    p.residual = res_rows.tensor.const_data_ptr();
-    p.residual_row_stride = res_rows.row_stride;
+  Rows gnr_rows;
+  if (grad_new_residual) {
     gnr_rows = as_rows(last_dim_contiguous(*grad_new_residual));
     p.grad_new_residual = gnr_rows.tensor.const_data_ptr();
     p.grad_new_residual_row_stride = gnr_rows.row_stride;
@@ -349,7 +353,7 @@ Grads2 rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x, c
                               double weight_offset, std::optional<at::ScalarType> out_dtype) {
   check_rms_norm_backward(grad_out, x, weight, eps, out_dtype);
   const auto p = fused_form(NormType::kRms, grad_out, x, eps, weight_offset);
-  const auto g = p ? fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, nullptr, weight, std::nullopt)
+  const auto g = p ? fused_norm_backward(*p, "rms_norm_backward", grad_out, x, nullptr, weight, std::nullopt)
                    : std::nullopt;
   if (!g) return rms_norm_backward(grad_out, x, weight, eps, weight_offset, out_dtype);
   return {g->dx, g->dweight};
@@ -359,23 +363,25 @@ Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x,
                                 const OptTensor& bias, double eps) {
   check_layer_norm_backward(grad_out, x, weight, bias, eps);
   const auto p = fused_form(NormType::kLayer, grad_out, x, eps, 0.0);
-  const auto g = p ? fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, nullptr, weight, bias)
+  const auto g = p ? fused_norm_backward(*p, "layer_norm_backward", grad_out, x, nullptr, weight, bias)
                    : std::nullopt;
   if (!g) return layer_norm_backward(grad_out, x, weight, bias, eps);
   return {g->dx, g->dweight, g->dbias};
 }
 
 Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
-                                        const at::Tensor& x, const at::Tensor& residual, const OptTensor& weight,
-                                        double eps, double weight_offset) {
-  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps);
-  const bool same_form = residual.scalar_type() == x.scalar_type() && residual.sizes() == x.sizes() &&
-                         grad_new_residual.scalar_type() == x.scalar_type() && grad_new_residual.sizes() == x.sizes();
-  const auto p = same_form ? fused_form(NormType::kRms, grad_out, x, eps, weight_offset) : std::nullopt;
-  const auto g = p ? fused_norm_backward(*p, "fused_add_rms_norm_backward", grad_out, x, &residual, &grad_new_residual,
-                                         weight, std::nullopt)
+                                        const OptTensor& x, const OptTensor& residual, const OptTensor& weight,
+                                        double eps, double weight_offset, const at::Tensor& new_residual) {
+  check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, new_residual);
+  const at::Tensor& h = new_residual;  // the kernel's x: the rows the forward normalized
+  const bool same_form = grad_new_residual.scalar_type() == h.scalar_type() && grad_new_residual.sizes() == h.sizes();
+  const auto p = same_form ? fused_form(NormType::kRms, grad_out, h, eps, weight_offset) : std::nullopt;
+  const auto g = p ? fused_norm_backward(*p, "fused_add_rms_norm_backward", grad_out, h, &grad_new_residual, weight,
+                                         std::nullopt)
                    : std::nullopt;
-  if (!g) return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset);
+  if (!g) {
+    return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset, h);
+  }
   return {g->dx, g->d_residual, g->dweight};
 }
 #endif

@@ -65,9 +65,11 @@ struct NamedKernel<R(Args...), F, Tag> {
 torch::CppFunction forward_only_kernel();
 // The Autograd kernel of an op `<name>` with a registered `<name>_backward` (autograd.cpp).
 torch::CppFunction differentiable_kernel();
-// For an op with a differentiable_kernel whose backward reads its other tensor arguments only
-// for the gradients of `arguments` (the RoPE tables: the rotation is linear in q and k): those
-// others are saved for the backward only when one of `arguments` requires grad, else the
-// backward gets None for them (its schema declares them optional).
-void saved_only_for(const std::string& op, std::vector<std::string> arguments);
+// For an op with a differentiable_kernel: its tensor `arguments` are saved for the backward only
+// when one of `requiring_grad` requires grad (never when that is empty); otherwise the backward
+// op gets None for them (its schema declares them optional). The RoPE forms are linear in q and
+// k, read only for the tables' gradients; fused_add_rms_norm's backward reads its output
+// new_residual instead of x and residual.
+void save_only_when(const std::string& op, std::vector<std::string> arguments,
+                    std::vector<std::string> requiring_grad);
 }  // namespace ltx_kernels::torch_ext

@@ -70,7 +70,7 @@ at::Tensor table_grad(const at::Tensor& gq, const at::Tensor& q, const at::Tenso
 }
 
 // q and k (x for ltx_rope) are given only when the tables require grad (their gradients are
-// the only ones that read them: autograd.cpp's linear_in_values); without them the tables get
+// the only ones that read them: save_only_when in schemas.cpp); without them the tables get
 // none_grad and the checks read the output gradients' shapes instead.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> apply_rotary_pos_emb_backward(
     const at::Tensor& grad_q_out, const at::Tensor& grad_k_out, const OptTensor& q, const OptTensor& k,

@@ -31,9 +31,12 @@ LTX_KERNELS_LIBRARY(m) {
                     " float weight_offset=0.0, ScalarType? out_dtype=None) -> (Tensor grad_x, Tensor grad_weight)");
   def_with_backward("fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight=None, float eps=1e-6,"
                     " float weight_offset=0.0) -> (Tensor out, Tensor new_residual)",
-                    "fused_add_rms_norm_backward(Tensor grad_out, Tensor grad_new_residual, Tensor x,"
-                    " Tensor residual, Tensor? weight=None, float eps=1e-6, float weight_offset=0.0)"
+                    "fused_add_rms_norm_backward(Tensor grad_out, Tensor grad_new_residual, Tensor? x,"
+                    " Tensor? residual, Tensor? weight, float eps, float weight_offset, Tensor new_residual)"
                     " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight)");
+  // The backward reads the saved new_residual (the rounded sum the norm read), not x and
+  // residual: one hidden state a token saved where two were (x and residual are None there).
+  ltx_kernels::torch_ext::save_only_when("fused_add_rms_norm", {"x", "residual"}, {});
   // In place: forward-only (inference; training uses fused_add_rms_norm).
   def("fused_add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor? weight=None,"
       " float eps=1e-6, float weight_offset=0.0) -> Tensor");
@@ -166,9 +169,9 @@ LTX_KERNELS_LIBRARY(m) {
   // The rotations are linear in q, k and x: the backward reads their values only for the
   // gradients of the tables (video_coords), which models build without grad. Not saving them
   // spares a Llama layer 1.25 hidden states a token of activation memory.
-  ltx_kernels::torch_ext::saved_only_for("apply_rotary_pos_emb", {"cos", "sin"});
-  ltx_kernels::torch_ext::saved_only_for("ltx_rope", {"cos", "sin"});
-  ltx_kernels::torch_ext::saved_only_for("ltx_rope_angles", {"video_coords"});
+  ltx_kernels::torch_ext::save_only_when("apply_rotary_pos_emb", {"q", "k"}, {"cos", "sin"});
+  ltx_kernels::torch_ext::save_only_when("ltx_rope", {"x"}, {"cos", "sin"});
+  ltx_kernels::torch_ext::save_only_when("ltx_rope_angles", {"x"}, {"video_coords"});
   def_with_backward("ltx_qk_norm_rope(Tensor q, Tensor k, Tensor? weight_q, Tensor? weight_k, float eps,"
                     " int[3] grid, float[3] axis_scale, Tensor? video_coords=None, float theta=10000.0)"
                     " -> (Tensor q_out, Tensor k_out)",

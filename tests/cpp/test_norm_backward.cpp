@@ -31,7 +31,7 @@ std::string message(const NormBackwardParams& p) {
 TEST(NormBackwardValidate, AcceptsTheFormsTheTorchLayerPasses) {
   EXPECT_EQ(message(backward_params(DType::kBFloat16, 2048)), "");
   NormBackwardParams add = backward_params(DType::kBFloat16, 2048);  // fused_add_rms_norm
-  add.residual = add.grad_new_residual = reinterpret_cast<const void*>(0x4000);
+  add.grad_new_residual = reinterpret_cast<const void*>(0x4000);
   add.out_b = reinterpret_cast<void*>(0x5000);
   add.out_b_row_stride = 2048;
   EXPECT_EQ(message(add), "");
@@ -55,11 +55,8 @@ TEST(NormBackwardValidate, AcceptsTheFormsTheTorchLayerPasses) {
 TEST(NormBackwardValidate, RejectsBadParams) {
   NormBackwardParams p = backward_params(DType::kBFloat16, 64);
   p.type = NormType::kLayer;
-  p.residual = reinterpret_cast<const void*>(0x4000);
-  EXPECT_EQ(message(p), "a residual is only defined for the RMS norm");
-  p = backward_params(DType::kBFloat16, 64);
   p.grad_new_residual = reinterpret_cast<const void*>(0x4000);
-  EXPECT_EQ(message(p), "grad_new_residual needs a residual");
+  EXPECT_EQ(message(p), "grad_new_residual is only defined for the RMS norm");
   p = backward_params(DType::kBFloat16, 64);
   p.dbias_partial = reinterpret_cast<float*>(0x8000);
   EXPECT_EQ(message(p), "a bias is only defined for layer norm");

@@ -460,6 +460,25 @@ def test_rope_saves_its_inputs_only_for_the_tables_gradients(device, dtype, form
     check_grads(ours, formula, leaves, views, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_saves_the_sum_not_its_terms(device, dtype):
+    """The backward reads new_residual (the rounded sum the norm read), saved as an output:
+    neither x nor residual is kept, and both still get the right gradients."""
+    x, xv = leaf((2, 3, 64), dtype, device, strided=True)
+    res, resv = leaf((2, 3, 64), dtype, device)
+    w = leaf((64,), dtype, device)[0]
+    (out, new_residual), saved = saved_storages(lambda x, r: ops.fused_add_rms_norm(x, r, w, 1e-6), xv, resv)
+    assert not {xv.untyped_storage().data_ptr(), resv.untyped_storage().data_ptr()} & saved
+    assert new_residual.untyped_storage().data_ptr() in saved
+
+    def formula(x, res, w):
+        h = rounded(x + res, dtype)
+        return rms(h, 1e-6) * w, h
+
+    check_grads(lambda x, r, w: ops.fused_add_rms_norm(x, r, w, 1e-6), formula, [x, res, w], [xv, resv, w], dtype)
+
+
 def ltx_positions_for_grad(kind, b, grid, device):
     """(video_coords leaf or None, axis_scale): the grid alone, or per-sample coordinates that
     require grad (positions a model computes; their gradient flows through the angles)."""

@@ -502,14 +502,17 @@ def build_backward(draw, dtype, forward):
     hypothesis.assume("norm" not in call.op or call.args[0].tensor.shape[-1] >= 3)
     outs = call.run()
     outs = outs if isinstance(outs, tuple) else (outs,)
-    saves_outputs = call.op == "fused_linear_cross_entropy"  # its backward takes the loss and lse too
-    grads = [Arg(name, laid_out(draw, randn(o.shape, o.dtype)), copied=saves_outputs,
+    saves_outputs = call.op in SAVED_OUTPUTS  # its backward takes outputs too, after the arguments
+    grads = [Arg(name, laid_out(draw, randn(o.shape, o.dtype)), copied=call.op == "fused_linear_cross_entropy",
                  valid_breaks=("strided_last_dim", "expanded_last_dim"))
              for name, o in zip(GRAD_NAMES[call.op], outs)]
     inputs = [a for a in call.args if isinstance(a, Arg)]
     extra = [call.kwargs["out_dtype"]] if "out_dtype" in call.kwargs else []  # rms_norm's: positional here
-    if saves_outputs:  # (read through a reshape: any layout)
-        extra = [Arg(name, o, copied=True) for name, o in zip(["loss", "lse"], outs)]
+    if saves_outputs:
+        # The forward's defaults the call left out, then the outputs (read through a reshape: any layout).
+        schema = getattr(torch.ops.ltx_kernels, call.op).default._schema
+        extra = [a.default_value for a in schema.arguments[len(call.args):]]
+        extra += [Arg(name, outs[i], copied=True) for name, i in SAVED_OUTPUTS[call.op].items()]
 
     def gradients():
         # The arguments' own tensors require grad while the formula runs (it reads some through
@@ -535,6 +538,8 @@ def build_backward(draw, dtype, forward):
     return back, gradients
 
 
+# The outputs a backward op takes after the forward's arguments (autograd saves them), by index.
+SAVED_OUTPUTS = {"fused_linear_cross_entropy": {"loss": 0, "lse": 1}, "fused_add_rms_norm": {"new_residual": 1}}
 # The names of the gradients a backward op takes, in its schema's order.
 GRAD_NAMES = {
     "rms_norm": ["grad_out"], "layer_norm": ["grad_out"], "fused_add_rms_norm": ["grad_out", "grad_new_residual"],
