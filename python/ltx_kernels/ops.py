@@ -236,6 +236,18 @@ def linear_gelu_tanh(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     return _ops.linear_gelu_tanh(x, weight, bias)
 
 
+def glu_linear(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               activation: str = "silu") -> torch.Tensor:
+    """``(act(a) * b) @ weight.T + bias``: a gated MLP's activation (``silu_and_mul``,
+    ``gelu_tanh_and_mul`` or ``gelu_and_mul`` for ``activation`` ``"silu"``, ``"gelu_tanh"``,
+    ``"gelu"``) and its down projection, computed as those two ops compute them. For training:
+    the backward recomputes ``act(a) * b`` from ``a`` and ``b`` instead of keeping it, one
+    ``[..., K]`` activation less to hold (a Llama MLP keeps two where it kept three). ``a``,
+    ``b`` are ``[..., K]``, ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None, one dtype."""
+    _choice("glu_linear", "activation", activation, ("silu", "gelu_tanh", "gelu"))
+    return _ops.glu_linear(a, b, weight, bias, activation)
+
+
 def linear_gated_residual(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -7,7 +7,10 @@ module instances of an already-built model:
 - each decoder layer: ``residual + attn`` and ``post_attention_layernorm`` as one
   ``fused_add_rms_norm`` (the sum is stored once and normalized from the same rounded value);
 - the gated MLP: ``act(gate_proj(x)) * up_proj(x)`` as one ``silu_and_mul`` /
-  ``gelu_tanh_and_mul`` / ``gelu_and_mul``, as ``config.hidden_act`` says;
+  ``gelu_tanh_and_mul`` / ``gelu_and_mul``, as ``config.hidden_act`` says, and with a plain
+  ``down_proj`` the activation and the down projection as one ``glu_linear`` (the same
+  computation; in training its backward recomputes the activation, which autograd no longer
+  keeps: an MLP's saved activations 3 -> 2 intermediate-sized tensors);
 - attention: the rotary embedding applied by ``apply_rotary_pos_emb`` on the projections in
   place, with the cos/sin the model's own rotary module computed (so rope scaling such as
   Llama-3's is whatever the model does), GQA included; Qwen3's q/k norms stay, patched as
@@ -190,12 +193,28 @@ def _takes_quantized(module: nn.Module, linears: tuple[str, ...]) -> bool:
             and _fp8.take_quantized(tuple(getattr(module, name) for name in linears)))
 
 
+# glu_linear's name of each gated activation op.
+_GLU_LINEAR_ACTIVATIONS = {ops.silu_and_mul: "silu", ops.gelu_tanh_and_mul: "gelu_tanh", ops.gelu_and_mul: "gelu"}
+
+
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if hasattr(self, "gate_up_proj"):  # Phi-3: one projection, [gate | up], read as two views
         gate, up = _fp8.linears(x, (self.gate_up_proj,))[0].chunk(2, dim=-1)
     else:
         gate, up = _fp8.linears(x, (self.gate_proj, self.up_proj))  # one FP8 quantization of x
-    return _fp8.linears(self._ltx_gated_activation(gate, up), (self.down_proj,))[0]
+    activation, down = self._ltx_gated_activation, self.down_proj
+
+    def unfused():
+        return _fp8.linears(activation(gate, up), (down,))[0]
+
+    # The activation and a plain down projection as one glu_linear, whose backward recomputes the
+    # activation instead of keeping it; our FP8 linear, a LoRA layer, autocast or a weight
+    # stored in another dtype (layerwise casting) take the two calls.
+    if (type(down) is not nn.Linear or _fp8.is_quantized(down) or down.weight.dtype != gate.dtype
+            or torch.is_autocast_enabled(gate.device.type)):
+        return unfused()
+    return call_fused((down,), lambda: ops.glu_linear(gate, up, down.weight, down.bias,
+                                                      _GLU_LINEAR_ACTIVATIONS[activation]), unfused)
 
 
 def _attention_forward(

@@ -165,6 +165,17 @@ void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, a
                     dims_str(x.sym_sizes()), ", got ", dims_str(grad.sym_sizes()));
 }
 
+void check_linear_grad(const at::Tensor& grad_out, const at::Tensor& x, const char* x_name, const at::Tensor& weight) {
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == x.scalar_type(), "grad_out must have the dtype of ", x_name, " (",
+                   x.scalar_type(), "), got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.device() == x.device() && grad_out.dim() == x.dim() &&
+                        grad_out.sym_sizes().slice(0, x.dim() - 1) == x.sym_sizes().slice(0, x.dim() - 1) &&
+                        grad_out.sym_size(-1) == weight.sym_size(0),
+                    "grad_out must be on the device of ", x_name, " with shape [..., N]: ", x_name,
+                    "'s leading dims and weight's N (", x_name, " ", dims_str(x.sym_sizes()), ", weight ",
+                    dims_str(weight.sym_sizes()), "), got ", dims_str(grad_out.sym_sizes()));
+}
+
 at::Tensor last_dim_contiguous(const at::Tensor& grad) {
   return grad.dim() == 0 || grad.sym_size(-1) <= 1 || grad.sym_stride(-1) == 1 ? grad : grad.contiguous();
 }

@@ -79,6 +79,10 @@ Rows memory_order_rows(const at::Tensor& t);
 void check_grad(const at::Tensor& grad, const char* name, const at::Tensor& x, at::ScalarType out_dtype,
                 const char* x_name = "x");
 
+// The gradient of a linear's output x @ weight^T (+ bias): x's dtype and device, shape [..., N]
+// with x's leading dims and N = weight.size(0). x is named x_name in the messages.
+void check_linear_grad(const at::Tensor& grad_out, const at::Tensor& x, const char* x_name, const at::Tensor& weight);
+
 // The gradient of an output as a backward op's kernel reads it (a contiguous last dim):
 // autograd may pass an expanded view, e.g. y.sum()'s gradient has stride 0 everywhere.
 at::Tensor last_dim_contiguous(const at::Tensor& grad);

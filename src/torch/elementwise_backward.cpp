@@ -39,14 +39,7 @@ Grads3 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, 
 Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& bias) {
   check_linear(x, weight, bias);
-  TORCH_CHECK_TYPE(grad_out.scalar_type() == x.scalar_type(), "grad_out must have x's dtype (", x.scalar_type(),
-                   "), got ", grad_out.scalar_type());
-  TORCH_CHECK_VALUE(grad_out.device() == x.device() && grad_out.dim() == x.dim() &&
-                        grad_out.sym_sizes().slice(0, x.dim() - 1) == x.sym_sizes().slice(0, x.dim() - 1) &&
-                        grad_out.sym_size(-1) == weight.sym_size(0),
-                    "grad_out must be on x's device with shape [..., N]: x's leading dims and weight's N (x ",
-                    dims_str(x.sym_sizes()), ", weight ", dims_str(weight.sym_sizes()), "), got ",
-                    dims_str(grad_out.sym_sizes()));
+  check_linear_grad(grad_out, x, "x", weight);
   const at::Tensor dh = call_gelu_tanh_backward(grad_out, at::linear(x, weight, bias));
   const at::Tensor dh2 = dh.reshape({-1, weight.size(0)});
   return {at::matmul(dh, weight), at::mm(dh2.t(), x.reshape({-1, weight.size(1)})), dh2.sum(0).to(bias.scalar_type())};

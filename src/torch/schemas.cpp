@@ -105,6 +105,12 @@ LTX_KERNELS_LIBRARY(m) {
   def_with_backward("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor",
                     "linear_gelu_tanh_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias)"
                     " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // A gated MLP's activation and down projection, h = act(a) * b recomputed by the backward
+  // instead of kept (glu_linear.cpp).
+  def_with_backward("glu_linear(Tensor a, Tensor b, Tensor weight, Tensor? bias=None, str activation=\"silu\")"
+                    " -> Tensor",
+                    "glu_linear_backward(Tensor grad_out, Tensor a, Tensor b, Tensor weight, Tensor? bias,"
+                    " str activation) -> (Tensor grad_a, Tensor grad_b, Tensor grad_weight, Tensor grad_bias)");
   // residual + gate * (x @ weight^T + bias) in fp32, rounded once: x [B, S, K], residual [B, S, N],
   // gate [B, 1, N], [N] or none (a DiT block's gated residual written by the GEMM before it:
   // linear_gated_residual.cpp).

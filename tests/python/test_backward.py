@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICES, DTYPES, activation_scale, assert_close, rel_err
+from conftest import DEVICES, DTYPES, RoundedGradient, activation_scale, assert_close, rel_err
 from test_elementwise import TAIL, gelu_formula, gelu_tanh_formula, silu_formula
 from test_rope import llm_rope_formula, ltx_rope_formula, ltx_tables_fp64, rms_formula, rotate_interleaved
 
@@ -360,6 +360,46 @@ def test_linear_gelu_tanh(device, dtype, rows, k, n):
 
     check_grads(lambda x, w, b: ops.linear_gelu_tanh(x, w, b), formula, [x, w, b], [xv, w, b], dtype,
                 scale=10.0 if dtype == torch.float32 else 4.0)
+
+
+GLU_FORMULAS = {"silu": silu_formula, "gelu_tanh": gelu_tanh_formula, "gelu": gelu_formula}
+
+
+def glu_linear_formula(activation, dtype):
+    """(act(a) * b) rounded to dtype (its gradient passed through) @ w.T + bias, with the
+    activation's gradient rounded to dtype before the activation's backward, as the backward op
+    (like torch's autograd of the activation, then Linear) computes it."""
+    def formula(a, b, w, bias):
+        h = RoundedGradient.apply(rounded(GLU_FORMULAS[activation](a) * b, dtype), dtype)
+        return h @ w.T + (0 if bias is None else bias)
+    return formula
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", sorted(GLU_FORMULAS))
+@pytest.mark.parametrize("rows, k, n", [(1, 7, 5), (6, 64, 96), (33, 130, 17)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_glu_linear(device, dtype, activation, rows, k, n, with_bias):
+    a, av = leaf((rows, k), dtype, device, strided=True)
+    b, bv = leaf((rows, k), dtype, device)
+    w = (torch.randn(n, k, device=device) / math.sqrt(k)).to(dtype).requires_grad_()
+    bias = torch.randn(n, device=device).to(dtype).requires_grad_() if with_bias else None
+    check_grads(lambda a, b, w, bias: ops.glu_linear(a, b, w, bias, activation), glu_linear_formula(activation, dtype),
+                [a, b, w, bias], [av, bv, w, bias], dtype, scale=2 * activation_scale(dtype) * (5 if dtype == torch.float32 else 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_glu_linear_saves_its_inputs_not_the_activation(device):
+    """Autograd keeps a and b (and the parameters): act(a) * b, the linear's input, is
+    recomputed by the backward."""
+    a, b = (torch.randn(4, 32, device=device, requires_grad=True) for _ in range(2))
+    w = torch.randn(8, 32, device=device, requires_grad=True)
+    out, saved = saved_storages(lambda a, b: ops.glu_linear(a, b, w, None, "silu"), a, b)
+    assert saved == {t.untyped_storage().data_ptr() for t in (a, b, w)}
+    stock, stock_saved = saved_storages(lambda a, b: F.linear(ops.silu_and_mul(a, b), w), a, b)
+    assert len(stock_saved) == 4  # a, b, w and the activation
+    assert torch.equal(out, stock)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -409,6 +409,30 @@ def build_linear_gated_residual(draw, dtype):
     return call, formula
 
 
+def build_glu_linear(draw, dtype):
+    """a, b [..., K] in any layout the activation op reads, weight [N, K] in any (a GEMM
+    operand), an optional bias; each activation."""
+    activation, act = draw(st.sampled_from([("silu", silu_formula), ("gelu_tanh", gelu_tanh_formula),
+                                            ("gelu", gelu_formula)]))
+    k, n = draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))
+    shape = rows_shape(draw, k)
+    a = Arg("a", laid_out(draw, randn(shape, dtype) * 3))
+    b = Arg("b", laid_out(draw, randn(shape, dtype)))
+    w = Arg("weight", laid_out(draw, randn((n, k), dtype) / math.sqrt(k)), copied=True)
+    bias = Arg("bias", optional(draw, lambda: randn((n,), dtype)), copied=True)
+    call = Call("glu_linear", [a, b, w, bias, activation],
+                scale=(5.0 if dtype == torch.float32 else 2.0) * activation_scale(dtype))
+
+    def formula():
+        # The activation rounded to dtype as the forward stores it (its gradient passed
+        # through), its gradient rounded to dtype before the activation's backward.
+        h = act(a.tensor) * b.tensor.double()
+        h = RoundedGradient.apply(h + (h.to(dtype).double() - h).detach(), dtype)
+        return h @ w.tensor.double().T + (0.0 if bias.tensor is None else bias.tensor.double())
+
+    return call, formula
+
+
 def build_fused_linear_cross_entropy(draw, dtype):
     """An LLM head's loss: x [..., hidden] in any layout (the GEMM's operand), weight [vocab,
     hidden], int64 targets with some ignored (any layout), an optional bias, each reduction;
@@ -486,6 +510,7 @@ BUILDERS = {
     "group_norm": build_group_norm,
     "linear_gelu_tanh": build_linear_gelu_tanh,
     "linear_gated_residual": build_linear_gated_residual,
+    "glu_linear": build_glu_linear,
     "quantize_fp8": build_quantize_fp8,
 }
 
@@ -547,7 +572,8 @@ GRAD_NAMES = {
     "gated_residual_adaln_rms_norm": ["grad_x_new", "grad_normed"],
     "gelu_tanh": ["grad_out"], "gelu_tanh_and_mul": ["grad_out"], "gelu_and_mul": ["grad_out"],
     "silu_and_mul": ["grad_out"], "geglu": ["grad_out"], "swiglu": ["grad_out"], "gated_residual": ["grad_out"],
-    "linear_gelu_tanh": ["grad_out"], "linear_gated_residual": ["grad_out"], "attention": ["grad_out"],
+    "linear_gelu_tanh": ["grad_out"], "linear_gated_residual": ["grad_out"], "glu_linear": ["grad_out"],
+    "attention": ["grad_out"],
     "group_norm": ["grad_out"],
     "apply_rotary_pos_emb": ["grad_q_out", "grad_k_out"], "ltx_rope": ["grad_out"],
     "ltx_qk_norm_rope": ["grad_q_out", "grad_k_out"], "fused_linear_cross_entropy": ["grad_loss", "grad_lse"],
@@ -555,7 +581,7 @@ GRAD_NAMES = {
 BACKWARD_BUILDERS = {f"{name}_backward": (lambda forward: lambda draw, dtype: build_backward(draw, dtype, forward))(
     BUILDERS[name]) for name in ["rms_norm", "layer_norm", "fused_add_rms_norm", "adaln_rms_norm", "adaln_layer_norm",
                                  "gated_residual_adaln_rms_norm", "gated_residual", "gelu_tanh", "and_mul", "glu",
-                                 "linear_gelu_tanh", "linear_gated_residual", "attention", "group_norm",
+                                 "linear_gelu_tanh", "linear_gated_residual", "glu_linear", "attention", "group_norm",
                                  "apply_rotary_pos_emb", "ltx_rope",
                                  "ltx_qk_norm_rope", "fused_linear_cross_entropy"]}
 BUILDERS.update(BACKWARD_BUILDERS)

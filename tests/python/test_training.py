@@ -68,6 +68,49 @@ def test_llm_trains_like_stock(family, checkpointing, lora):
     assert_same_grads(*pair, 1e-4)
 
 
+def test_llm_trains_like_stock_with_lora_on_the_mlp():
+    """A LoRA layer as down_proj: the MLP calls it as a module (activation, then the layer),
+    not glu_linear, and every gradient is stock's."""
+    stock = tiny_llm("llama").train()
+    patched = copy.deepcopy(stock)
+    ltx_kernels.transformers.apply(patched)
+    pair = [with_lora(model, ["gate_proj", "down_proj"]) for model in (stock, patched)]
+    ids, mask = prompt()
+    labels = ids.masked_fill(mask == 0, -100)
+    for model in pair:
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    assert_same_grads(*pair, 1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_llm_mlp_keeps_two_activations_for_its_backward(family):
+    """The patched MLP's activation and down projection are one glu_linear, whose backward
+    recomputes act(gate) * up: autograd keeps gate and up (Phi-3: the halves of one gate_up
+    output, one storage), not the product; stock keeps four intermediate-sized tensors."""
+    model = tiny_llm(family).train()
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 5, model.config.hidden_size)
+    stock_saved = _intermediate_saved(mlp, x)
+    ltx_kernels.transformers.apply(model)
+    assert len(_intermediate_saved(mlp, x)) == (1 if family == "phi3" else 2)
+    assert len(stock_saved) == (3 if family == "phi3" else 4)
+
+
+def _intermediate_saved(mlp, x):
+    """The storages of intermediate-sized activations (not parameters) autograd saves in mlp(x)."""
+    saved = set()
+    params = {p.untyped_storage().data_ptr() for p in mlp.parameters()}
+
+    def pack(t):
+        if t.shape[-1] in (mlp.config.intermediate_size, 2 * mlp.config.intermediate_size):
+            saved.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mlp(x)
+    return saved - params
+
+
 @pytest.mark.parametrize("checkpointing", [None, "checkpointed"])
 @pytest.mark.parametrize("lora", [None, "attention", "feed_forward"])
 def test_ltx_video_trains_like_stock(checkpointing, lora):
