@@ -39,7 +39,7 @@ import contextlib
 import copy
 import sys
 import warnings
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -86,12 +86,13 @@ _WEIGHT_OFFSET = {"gemma": 1.0, "gemma2": 1.0, "gemma3_text": 1.0}
 # The norm forward for each weight_offset (the one the Kernels Hub layers run too).
 _NORM_FORWARDS = {0.0: rms_norm_forward, 1.0: gemma_rms_norm_forward}
 
-_GATED_ACTIVATIONS: dict[str, Callable] = {
-    "silu": ops.silu_and_mul,
-    "swish": ops.silu_and_mul,
-    "gelu_pytorch_tanh": ops.gelu_tanh_and_mul,
-    "gelu_new": ops.gelu_tanh_and_mul,  # the same tanh approximation, written out
-    "gelu": ops.gelu_and_mul,
+# The gated activation of each config value, as glu_linear names it (its op: <name>_and_mul).
+_GATED_ACTIVATIONS: dict[str, str] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",  # the same tanh approximation, written out
+    "gelu": "gelu",
 }
 
 
@@ -193,10 +194,6 @@ def _takes_quantized(module: nn.Module, linears: tuple[str, ...]) -> bool:
             and _fp8.take_quantized(tuple(getattr(module, name) for name in linears)))
 
 
-# glu_linear's name of each gated activation op.
-_GLU_LINEAR_ACTIVATIONS = {ops.silu_and_mul: "silu", ops.gelu_tanh_and_mul: "gelu_tanh", ops.gelu_and_mul: "gelu"}
-
-
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if hasattr(self, "gate_up_proj"):  # Phi-3: one projection, [gate | up], read as two views
         gate, up = _fp8.linears(x, (self.gate_up_proj,))[0].chunk(2, dim=-1)
@@ -205,7 +202,7 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     activation, down = self._ltx_gated_activation, self.down_proj
 
     def unfused():
-        return _fp8.linears(activation(gate, up), (down,))[0]
+        return _fp8.linears(getattr(ops, f"{activation}_and_mul")(gate, up), (down,))[0]
 
     # The activation and a plain down projection as one glu_linear, whose backward recomputes the
     # activation instead of keeping it; our FP8 linear, a LoRA layer, autocast or a weight
@@ -213,8 +210,7 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if (type(down) is not nn.Linear or _fp8.is_quantized(down) or down.weight.dtype != gate.dtype
             or torch.is_autocast_enabled(gate.device.type)):
         return unfused()
-    return call_fused((down,), lambda: ops.glu_linear(gate, up, down.weight, down.bias,
-                                                      _GLU_LINEAR_ACTIVATIONS[activation]), unfused)
+    return call_fused((down,), lambda: ops.glu_linear(gate, up, down.weight, down.bias, activation), unfused)
 
 
 def _attention_forward(
@@ -366,7 +362,7 @@ def _patch_family(model: nn.Module, model_type: str, report: Report) -> None:
                 report.skipped.append(f"{name}: no fused gated op for {activation_attribute}={activation_name!r}")
                 continue
             patch(module, _mlp_forward, _ltx_gated_activation=activation)
-            report.patched[f"gated MLP ({activation.__name__})"] += 1
+            report.patched[f"gated MLP ({activation}_and_mul)"] += 1
         elif kind == "Attention":
             patch(
                 module,
