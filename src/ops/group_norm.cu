@@ -4,15 +4,17 @@
 // of them (64 per call at batch 2): one block per group would leave most SMs idle. So three
 // short kernels:
 //   1. stats: partial (mean, M2) of each channel over a segment of its positions, many
-//      segments at once (a warp per row segment channels-first; a block per 64 channels x
-//      kColSegment positions channels-last, two 16-bit channels per thread so that a warp
-//      reads 128 contiguous bytes);
-//   2. finalize: one warp per (sample, group) merges its channels' partials (Chan's formula,
+//      segments at once (a warp per row segment channels-first; channels-last a block per
+//      chunk of channel vectors x segment, the apply pass's walk: 16-byte vectors of adjacent
+//      channels, a block reading whole positions' channels, contiguous, per step);
+//   2. finalize: one block per (sample, group) merges its channels' partials (Chan's formula,
 //      exact for any mean) and writes each channel's (mean - add, rstd * weight, bias);
 //   3. apply: one elementwise pass over x, 16-byte vectors where aligned (channels-first in
 //      memory order; channels-last each thread on one vector of channels across positions,
 //      its coefficients in registers).
-// x is read twice (stats, apply), as torch's own GroupNorm kernels and torch.compile's do.
+// x is read twice (stats, apply), as torch's own GroupNorm kernels and torch.compile's do; the
+// stats pass reads it with the default cache policy (not evict-first), so that where x fits
+// in L2 (SDXL's largest level at batch 2: 21 MB) the apply pass reads it from there.
 // Partial sums are taken around a shift (the segment's first element), so that a large mean
 // costs no precision: M2 = sum (x - k)^2 - (sum (x - k))^2 / n with k near the data.
 #include <algorithm>
@@ -32,8 +34,43 @@ using host_util::ceil_div;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int64_t kRowSegment = 4096;  // channels-first: positions per warp
-constexpr int64_t kColSegment = 256;   // channels-last: positions per block (32 per warp)
+// Channels-first: about kRowWarps stats warps a call (a few waves of 8-warp blocks), each
+// segment at least kMinRowSegment positions and a multiple of 8 (each starts 16-byte aligned).
+constexpr int64_t kRowWarps = 4096;
+constexpr int64_t kMinRowSegment = 1024;
+// Channels-last: the stats blocks wanted per call (a few per SM; the segment length follows).
+constexpr int64_t kColBlocks = 512;
+
+// kUnroll vectors of a thread loaded before any is computed: enough bytes in flight per SM for
+// a pass at memory speed.
+constexpr int kUnroll = 4;
+
+// How a channels-last pass lays a block over the channels: `chunks` blocks across a position's
+// channel vectors, `width` <= max_width vectors each (chunks of equal width), `rows` positions
+// per step.
+struct ColTiling {
+  int width, rows;
+  int64_t chunks;
+};
+
+ColTiling col_tiling(int64_t vectors, int max_width) {
+  const int64_t chunks = ceil_div(vectors, max_width);
+  const int width = static_cast<int>(ceil_div(vectors, chunks));
+  return {width, kThreads / width, chunks};
+}
+
+// The stats pass takes at most a warp's worth of vectors across (512 contiguous bytes of a
+// position, 16-bit) and so 8 or more positions per step: a small map still spreads over many
+// blocks (SDXL's 32x32 level: 5 chunks of 1280 channels). The apply pass takes a position's
+// channels whole where they fit, its coefficients loaded once per thread.
+constexpr int kStatsWidth = 32;
+constexpr int kApplyWidth = kThreads;
+
+// The positions of a sample split into `segments` segments of `segment` positions (the last
+// one shorter), each reduced to one partial per channel.
+struct Split {
+  int64_t segments, segment;
+};
 
 // The partial statistics of one segment: its mean and M2 (count implied by the segment).
 struct __align__(8) Partial {
@@ -46,20 +83,21 @@ __device__ __forceinline__ int64_t segment_count(int64_t spatial, int64_t segmen
 }
 
 // Channels-first: warp w of the grid takes row (n, c) = w / segments, positions
-// [k * kRowSegment, ...) with k = w % segments.
+// [k * segment, ...) with k = w % segments.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) stats_rows_kernel(const GroupNormParams p, Partial* partials,
-                                                               int64_t segments) {
+                                                               const Split split) {
+  const int64_t segments = split.segments;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (warp >= p.batch * p.channels * segments) return;
   const int64_t row = warp / segments, k = warp % segments;
-  const int64_t count = segment_count(p.spatial, kRowSegment, k);
-  const T* x = static_cast<const T*>(p.x) + row * p.spatial + k * kRowSegment;
+  const int64_t count = segment_count(p.spatial, split.segment, k);
+  const T* x = static_cast<const T*>(p.x) + row * p.spatial + k * split.segment;
   const float shift = core::to_float(x[0]);
   float s1 = 0.0f, s2 = 0.0f;
   for (int64_t i = lane * VEC; i < count; i += 32 * VEC) {
-    const core::Floats<VEC> v = core::widen(core::load_stream<T, VEC>(x + i));
+    const core::Floats<VEC> v = core::widen(core::load_cached<T, VEC>(x + i));
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const float d = v.v[e] - shift;
@@ -75,50 +113,58 @@ __global__ void __launch_bounds__(kThreads) stats_rows_kernel(const GroupNormPar
   }
 }
 
-// Channels-last: block (channel block, segment k, sample n), looping over k and n past the
-// grid's limits; thread (lane, warp) takes CPT adjacent channels c0 + CPT lane ... (one 4-byte
-// load: a warp reads 128 contiguous bytes of a position's channels) at positions
-// k * kColSegment + warp, + kWarps, ...; the warps' sums are added in shared memory (one shift
-// per channel: its value at the segment's first position).
-template <typename T, int CPT>
+// Channels-last: block (channel-vector chunk, segment k, sample n), looping over k and n past
+// the grid's limits. Thread t keeps VEC adjacent channels, vector chunk * width + t % width,
+// and walks the segment's positions t / width, + rows, ... (a block reads `rows` positions'
+// channel vectors, contiguous in memory, per step); the rows' sums are then added in shared
+// memory (one shift per channel: its value at the segment's first position).
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) stats_cols_kernel(const GroupNormParams p, Partial* partials,
-                                                               int64_t segments) {
-  constexpr int kChannels = 32 * CPT;  // per block
-  __shared__ float sums[2][kWarps][kChannels];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kChannels + lane * CPT;
-  const bool active = c < p.channels;  // (channels % CPT == 0: all CPT or none)
+                                                               const Split split, int width, int rows) {
+  __shared__ float sums[2][VEC][kThreads];  // [sum][channel of the vector][thread]: no bank conflicts
+  const int slot = threadIdx.x % width, row = threadIdx.x / width;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * width + slot) * VEC;
+  const bool active = row < rows && c < p.channels;  // (channels % VEC == 0: all VEC or none)
   for (int64_t n = blockIdx.z; n < p.batch; n += gridDim.z) {
-    for (int64_t k = blockIdx.y; k < segments; k += gridDim.y) {
-      const int64_t count = segment_count(p.spatial, kColSegment, k);
-      const T* x = static_cast<const T*>(p.x) + (n * p.spatial + k * kColSegment) * p.channels + c;
-      float shift[CPT] = {}, s1[CPT] = {}, s2[CPT] = {};
+    for (int64_t k = blockIdx.y; k < split.segments; k += gridDim.y) {
+      const int64_t count = segment_count(p.spatial, split.segment, k);
+      const T* x = static_cast<const T*>(p.x) + (n * p.spatial + k * split.segment) * p.channels + c;
+      float shift[VEC] = {}, s1[VEC] = {}, s2[VEC] = {};
       if (active) {
-        const core::Floats<CPT> first = core::widen(core::load_cached<T, CPT>(x));
+        const core::Floats<VEC> first = core::widen(core::load_cached<T, VEC>(x));
 #pragma unroll
-        for (int e = 0; e < CPT; ++e) shift[e] = first.v[e];
-#pragma unroll 4
-        for (int64_t s = warp; s < count; s += kWarps) {
-          const core::Floats<CPT> v = core::widen(core::load_stream<T, CPT>(x + s * p.channels));
+        for (int e = 0; e < VEC; ++e) shift[e] = first.v[e];
+        for (int64_t s0 = row; s0 < count; s0 += static_cast<int64_t>(rows) * kUnroll) {
+          core::Vec<T, VEC> raw[kUnroll];  // (16-bit until used: half the registers of fp32)
 #pragma unroll
-          for (int e = 0; e < CPT; ++e) {
-            const float d = v.v[e] - shift[e];
-            s1[e] += d;
-            s2[e] = fmaf(d, d, s2[e]);
+          for (int u = 0; u < kUnroll; ++u) {
+            const int64_t s = s0 + u * rows;
+            if (s < count) raw[u] = core::load_cached<T, VEC>(x + s * p.channels);
+          }
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (s0 + u * rows >= count) continue;
+            const core::Floats<VEC> v = core::widen(raw[u]);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              const float d = v.v[e] - shift[e];
+              s1[e] += d;
+              s2[e] = fmaf(d, d, s2[e]);
+            }
           }
         }
       }
 #pragma unroll
-      for (int e = 0; e < CPT; ++e) sums[0][warp][lane * CPT + e] = s1[e], sums[1][warp][lane * CPT + e] = s2[e];
+      for (int e = 0; e < VEC; ++e) sums[0][e][threadIdx.x] = s1[e], sums[1][e][threadIdx.x] = s2[e];
       __syncthreads();
-      if (warp == 0 && active) {
+      if (row == 0 && active) {
         const float n_f = static_cast<float>(count);
 #pragma unroll
-        for (int e = 0; e < CPT; ++e) {
+        for (int e = 0; e < VEC; ++e) {
           float t1 = 0.0f, t2 = 0.0f;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) t1 += sums[0][w][lane * CPT + e], t2 += sums[1][w][lane * CPT + e];
-          partials[(n * p.channels + c + e) * segments + k] = {shift[e] + t1 / n_f, fmaxf(t2 - t1 * (t1 / n_f), 0.0f)};
+          for (int r = 0; r < rows; ++r) t1 += sums[0][e][r * width + slot], t2 += sums[1][e][r * width + slot];
+          partials[(n * p.channels + c + e) * split.segments + k] = {shift[e] + t1 / n_f,
+                                                                     fmaxf(t2 - t1 * (t1 / n_f), 0.0f)};
         }
       }
       __syncthreads();  // sums is written again by the next segment
@@ -136,14 +182,16 @@ __device__ __forceinline__ float param(const void* ptr, int64_t c, float absent)
   return ptr ? core::to_float(static_cast<const W*>(ptr)[c]) : absent;
 }
 
-// One warp per (sample n, group g): the group's channels' segments, merged by Chan's formula
-// in two passes (the mean, then M2 around it); then each channel's coefficients.
+// One block per (sample n, group g): the group's channels' segments (hundreds a channel at a
+// large level channels-last), merged by Chan's formula in two passes (the mean, then M2
+// around it); then each channel's coefficients. (A one-pass pairwise merge of (count, mean,
+// M2) measured 1-2 us slower on the H200 at every shape: a division per merge.)
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads) finalize_kernel(const GroupNormParams p, const Partial* partials,
-                                                             int64_t segments, int64_t segment, Coef* coefs) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (item >= p.batch * p.groups) return;
+                                                             const Split split, Coef* coefs) {
+  __shared__ float scratch[2][core::kMaxWarpsPerBlock];
+  const int64_t item = blockIdx.x;
+  const int64_t segments = split.segments, segment = split.segment;
   const int64_t n = item / p.groups, per_group = p.channels / p.groups, c0 = item % p.groups * per_group;
   const int64_t parts = per_group * segments;
   const Partial* first = partials + (n * p.channels + c0) * segments;
@@ -156,18 +204,18 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(const GroupNormParam
   // Around the first part's mean, so that a large common mean does not swamp the sum.
   const float ref = mean_of(0);
   float sum = 0.0f;
-  for (int64_t i = lane; i < parts; i += 32) {
+  for (int64_t i = threadIdx.x; i < parts; i += kThreads) {
     sum += static_cast<float>(segment_count(p.spatial, segment, i % segments)) * (mean_of(i) - ref);
   }
   const float total = static_cast<float>(per_group * p.spatial);
-  const float mean = ref + core::warp_reduce(sum, core::Sum()) / total;
+  const float mean = ref + core::row_sum<kThreads>(sum, scratch[0]) / total;
   float m2 = 0.0f;
-  for (int64_t i = lane; i < parts; i += 32) {
+  for (int64_t i = threadIdx.x; i < parts; i += kThreads) {
     const float d = mean_of(i) - mean;
     m2 += first[i].m2 + static_cast<float>(segment_count(p.spatial, segment, i % segments)) * d * d;
   }
-  const float rstd = rsqrtf(core::warp_reduce(m2, core::Sum()) / total + p.eps);
-  for (int64_t c = c0 + lane; c < c0 + per_group; c += 32) {
+  const float rstd = rsqrtf(core::row_sum<kThreads>(m2, scratch[1]) / total + p.eps);
+  for (int64_t c = c0 + threadIdx.x; c < c0 + per_group; c += kThreads) {
     const float center = add ? mean - core::to_float(add[c]) : mean;
     coefs[n * p.channels + c] = {center, rstd * param<W>(p.weight, c, 1.0f), param<W>(p.bias, c, 0.0f), 0.0f};
   }
@@ -205,10 +253,6 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(const GroupNormPar
   }
 }
 
-// kUnroll vectors of a thread loaded before any is computed: enough bytes in flight per SM for
-// a pass at memory speed.
-constexpr int kUnroll = 4;
-
 // Channels-last apply: block (channel-vector chunk, position chunk, sample n), looping over the
 // positions and samples past the grid. Thread t keeps one vector of VEC adjacent channels,
 // cv = chunk start + t % width, and its coefficients in registers (not one 16-byte Coef load per
@@ -233,62 +277,83 @@ __global__ void __launch_bounds__(kThreads) apply_cols_kernel(const GroupNormPar
     T* out = static_cast<T*>(p.out) + base;
     const int64_t step = static_cast<int64_t>(gridDim.y) * rows;
     for (int64_t s0 = static_cast<int64_t>(blockIdx.y) * rows + row; s0 < p.spatial; s0 += step * kUnroll) {
-      core::Floats<VEC> v[kUnroll];
+      core::Vec<T, VEC> raw[kUnroll];  // (16-bit until used: half the registers of fp32)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t s = s0 + u * step;
-        if (s < p.spatial) v[u] = core::widen(core::load_stream<T, VEC>(x + s * p.channels));
+        if (s < p.spatial) raw[u] = core::load_stream<T, VEC>(x + s * p.channels);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t s = s0 + u * step;
         if (s < p.spatial) {
-          core::store(out + s * p.channels, core::narrow<T, VEC>(normalized<VEC>(v[u], center, factor, bias, p.silu)));
+          const core::Floats<VEC> y = normalized<VEC>(core::widen(raw[u]), center, factor, bias, p.silu);
+          core::store(out + s * p.channels, core::narrow<T, VEC>(y));
         }
       }
     }
   }
 }
 
-int64_t segments_of(const GroupNormParams& p) {
-  return ceil_div(p.spatial, p.channels_last ? kColSegment : kRowSegment);
+// The elements of a 16-byte vector of x.
+int vector_elements(const GroupNormParams& p) { return p.dtype == DType::kFloat32 ? 4 : 8; }
+
+// Channels-first: about kRowWarps warps of at least kMinRowSegment positions. Channels-last: about kColBlocks blocks of the
+// 16-byte tiling (the shape decides it, not the alignment: the workspace is sized from it),
+// each thread at least kUnroll positions.
+Split split_of(const GroupNormParams& p) {
+  if (!p.channels_last) {
+    const int64_t wanted = ceil_div(kRowWarps, p.batch * p.channels);
+    const int64_t segment = ceil_div(std::max(ceil_div(p.spatial, wanted), kMinRowSegment), int64_t{8}) * 8;
+    return {ceil_div(p.spatial, segment), segment};
+  }
+  const ColTiling tiling = col_tiling(ceil_div(p.channels, vector_elements(p)), kStatsWidth);
+  const int64_t wanted = ceil_div(kColBlocks, tiling.chunks * p.batch);
+  const int64_t segment = std::max(ceil_div(p.spatial, wanted), int64_t{tiling.rows} * kUnroll);
+  return {ceil_div(p.spatial, segment), segment};  // (no empty segment)
 }
 
 // The workspace: the partials, then (16-byte aligned) the coefficients.
-int64_t partial_floats(const GroupNormParams& p) { return ceil_div(2 * p.batch * p.channels * segments_of(p), 4) * 4; }
+int64_t partial_floats(const GroupNormParams& p) {
+  return ceil_div(2 * p.batch * p.channels * split_of(p).segments, 4) * 4;
+}
 
 template <typename T, typename W>
 cudaError_t launch_typed(const GroupNormParams& p, float* workspace, cudaStream_t stream) {
-  const int64_t segments = segments_of(p);
+  const Split split = split_of(p);
+  const int64_t segments = split.segments;
   Partial* partials = reinterpret_cast<Partial*>(workspace);
   Coef* coefs = reinterpret_cast<Coef*>(workspace + partial_floats(p));
   constexpr int kVec = 16 / sizeof(T);
   // (every pointer from torch's allocator or a checked view: 16-byte alignment is checked)
   const bool aligned = host_util::aligned16(p.x) && host_util::aligned16(p.out);
+  constexpr int64_t kMaxGridYZ = 65535;
   if (p.channels_last) {
-    // Two 16-bit channels per thread (one 4-byte load) where channels and x allow it.
+    // 16-byte vectors of channels where channels and x allow it, else pairs of 16-bit
+    // channels (4-byte loads), else single ones.
     constexpr int kPair = 4 / static_cast<int>(sizeof(T));
+    const bool vectors = aligned && p.channels % kVec == 0;
     const bool pairs = p.channels % kPair == 0 && reinterpret_cast<uintptr_t>(p.x) % 4 == 0;
-    constexpr int64_t kMaxGridYZ = 65535;
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.channels, 32 * (pairs ? kPair : 1))),
-                    static_cast<unsigned>(std::min(segments, kMaxGridYZ)),
+    const int vec = vectors ? kVec : pairs ? kPair : 1;
+    const ColTiling tiling = col_tiling(p.channels / vec, kStatsWidth);
+    const dim3 grid(static_cast<unsigned>(tiling.chunks), static_cast<unsigned>(std::min(segments, kMaxGridYZ)),
                     static_cast<unsigned>(std::min(p.batch, kMaxGridYZ)));
-    if (pairs) {
-      stats_cols_kernel<T, kPair><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+    if (vectors) {
+      stats_cols_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(p, partials, split, tiling.width, tiling.rows);
+    } else if (pairs) {
+      stats_cols_kernel<T, kPair><<<grid, kThreads, 0, stream>>>(p, partials, split, tiling.width, tiling.rows);
     } else {
-      stats_cols_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, partials, segments);
+      stats_cols_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, partials, split, tiling.width, tiling.rows);
     }
   } else {
     const unsigned blocks = static_cast<unsigned>(ceil_div(p.batch * p.channels * segments, kWarps));
     if (aligned && p.spatial % kVec == 0) {
-      stats_rows_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p, partials, segments);
+      stats_rows_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(p, partials, split);
     } else {
-      stats_rows_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p, partials, segments);
+      stats_rows_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p, partials, split);
     }
   }
-  const unsigned items = static_cast<unsigned>(ceil_div(p.batch * p.groups, kWarps));
-  finalize_kernel<T, W><<<items, kThreads, 0, stream>>>(p, partials, segments,
-                                                        p.channels_last ? kColSegment : kRowSegment, coefs);
+  finalize_kernel<T, W><<<static_cast<unsigned>(p.batch * p.groups), kThreads, 0, stream>>>(p, partials, split, coefs);
   int device = 0, sms = 0;
   cudaError_t error = cudaGetDevice(&device);
   if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -306,17 +371,22 @@ cudaError_t launch_typed(const GroupNormParams& p, float* workspace, cudaStream_
   }
   // Channels-last: blocks of `rows` positions x `width` channel vectors, enough position
   // chunks for a few waves of resident blocks.
-  const int64_t vectors = p.channels / (vectorize ? kVec : 1);
-  const int width = static_cast<int>(std::min<int64_t>(vectors, kThreads)), rows = kThreads / width;
-  const int64_t chunks = ceil_div(vectors, width), batch = std::min<int64_t>(p.batch, 65535);
-  const int64_t wanted = ceil_div(int64_t{sms} * 8, chunks * batch);  // blocks along the positions
-  const dim3 grid(static_cast<unsigned>(chunks),
-                  static_cast<unsigned>(std::clamp<int64_t>(std::min(wanted, ceil_div(p.spatial, rows)), 1, 65535)),
+  const ColTiling tiling = col_tiling(p.channels / (vectorize ? kVec : 1), kApplyWidth);
+  const int64_t batch = std::min(p.batch, kMaxGridYZ);
+  // Blocks along the positions: a few waves, but (where that still leaves two blocks an SM)
+  // each thread at least kApplyPositions positions: its coefficients, 16 bytes a channel, are
+  // loaded once per sample.
+  constexpr int64_t kApplyPositions = 4 * kUnroll;
+  const int64_t wanted = ceil_div(int64_t{sms} * 8, tiling.chunks * batch);
+  const int64_t most = std::max(ceil_div(p.spatial, int64_t{tiling.rows} * kApplyPositions),
+                                ceil_div(int64_t{sms} * 2, tiling.chunks * batch));
+  const int64_t blocks = std::min({wanted, most, ceil_div(p.spatial, int64_t{tiling.rows})});
+  const dim3 grid(static_cast<unsigned>(tiling.chunks), static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridYZ)),
                   static_cast<unsigned>(batch));
   if (vectorize) {
-    apply_cols_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(p, coefs, width, rows);
+    apply_cols_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(p, coefs, tiling.width, tiling.rows);
   } else {
-    apply_cols_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, coefs, width, rows);
+    apply_cols_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, coefs, tiling.width, tiling.rows);
   }
   return cudaGetLastError();
 }

@@ -14,8 +14,8 @@ from test_backward import check_grads, leaf
 ops = torch.ops.ltx_kernels
 
 # (x shape, groups): a linear layer's [N, C], 1D / 2D / 3D maps, odd sizes, one group, one
-# channel per group, a map wider than a channels-first segment (4096 positions) and one
-# longer than a channels-last segment (256) with a partial last segment.
+# channel per group, a map wider than a channels-first segment (at least 1024 positions) and
+# one longer than a channels-last segment (at least 64) with a partial last segment.
 SHAPES = [
     ((3, 6), 3),
     ((2, 8, 13), 4),
@@ -138,7 +138,11 @@ def test_empty_and_nonfinite(device):
     ((2, 1280, 8, 8), 32, True),
     ((1, 30, 101, 3), 5, False),    # spatial % 8 != 0: the scalar stats and apply
     ((1, 30, 101, 3), 5, True),     # channels % 8 != 0: scalar apply channels last
-    ((3, 64, 4100), 16, False),     # two row segments, the second of 4 positions
+    ((3, 64, 4100), 16, False),     # row segments of 1024 positions, the last of 4
+    ((1, 320, 97, 89), 32, True),   # hundreds of channels-last segments, the last one shorter
+    ((1, 2560, 9, 7), 32, True),    # two chunks of channel vectors per position
+    ((2, 15, 11, 13), 5, True),     # odd channels: one channel per thread
+    ((1, 96, 3, 3), 4, True),       # fewer positions than one segment's minimum
 ])
 def test_cuda_matches_cpu_reference(dtype, shape, groups, channels_last):
     g = torch.Generator().manual_seed(8)
