@@ -5,8 +5,8 @@
 //   xhat  = norm(h)                      (the row statistics recomputed, not saved)
 //   dx    = d loss / d h through y = xhat * w + bias, plus grad_new_residual when given
 //   dw    = sum over rows of dy * xhat,  dbias = sum over rows of dy
-// in fp32, dx rounded once. dx is written to out and, when set, to out_b (fused_add_rms_norm's
-// residual gets the same gradient as x). dw and dbias are reduced per block in fp32 (block i
+// in fp32, dx rounded once, written once (fused_add_rms_norm's residual gets the same gradient as
+// x: autograd hands the one tensor to both, see shares_gradient in registration.h). dw and dbias are reduced per block in fp32 (block i
 // writes row i of dweight_partial / dbias_partial, [blocks, cols]), then the partial rows are
 // summed in block order by a second kernel that writes dweight / dbias in the weight's dtype:
 // no atomics, so the result does not depend on the order blocks finish. The CPU reference is
@@ -27,7 +27,7 @@ namespace ltx_kernels {
 
 struct NormBackwardParams {
   NormType type = NormType::kRms;
-  DType dtype = DType::kFloat32;  // of x, grad_out, grad_new_residual, out, out_b
+  DType dtype = DType::kFloat32;  // of x, grad_out, grad_new_residual, out
   int64_t rows = 0;
   int64_t cols = 0;
   float eps = 1e-6f;
@@ -44,8 +44,6 @@ struct NormBackwardParams {
 
   void* out = nullptr;  // dx, [rows, cols]
   int64_t out_row_stride = 0;
-  void* out_b = nullptr;  // optional second copy of dx
-  int64_t out_b_row_stride = 0;
 
   int64_t blocks = 1;                // CUDA blocks, each its own partial row
   float* dweight_partial = nullptr;  // [blocks, cols] fp32 scratch, with weight

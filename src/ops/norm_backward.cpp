@@ -27,8 +27,6 @@ ValidationError validate(const NormBackwardParams& p) {
       p.grad_new_residual_row_stride < 0)
     return "input row strides must be >= 0";
   if (p.rows > 1 && p.out_row_stride < p.cols) return "out rows overlap (out_row_stride < cols)";
-  if (p.out_b != nullptr && p.rows > 1 && p.out_b_row_stride < p.cols)
-    return "out_b rows overlap (out_b_row_stride < cols)";
   return nullptr;
 }
 
@@ -37,9 +35,8 @@ NormBackwardPlan plan_norm_backward(const NormBackwardParams& p) {
   const int vec = 16 / dtype_size(p.dtype);
   const bool aligned = p.cols % vec == 0 && p.x_row_stride % vec == 0 &&
                        p.grad_out_row_stride % vec == 0 && p.grad_new_residual_row_stride % vec == 0 &&
-                       p.out_row_stride % vec == 0 && p.out_b_row_stride % vec == 0 && aligned16(p.x) &&
-                       aligned16(p.grad_out) && aligned16(p.grad_new_residual) &&
-                       aligned16(p.out) && aligned16(p.out_b) && aligned16(p.weight);
+                       p.out_row_stride % vec == 0 && aligned16(p.x) && aligned16(p.grad_out) &&
+                       aligned16(p.grad_new_residual) && aligned16(p.out) && aligned16(p.weight);
   NormBackwardPlan plan;
   plan.vec = aligned ? vec : 1;
   const int64_t vectors = (p.cols + plan.vec - 1) / plan.vec;

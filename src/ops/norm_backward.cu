@@ -111,7 +111,6 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
     // for layer norm): mean(dxhat xhat) xhat = rstd^2 mean(dxhat h) h.
     const float c = rstd * rstd * mean_dxhat_xc;
     T* out = static_cast<T*>(p.out) + row * p.out_row_stride;
-    T* out_b = p.out_b ? static_cast<T*>(p.out_b) + row * p.out_b_row_stride : nullptr;
     const T* gnr = NEW_RESIDUAL ? static_cast<const T*>(p.grad_new_residual) + row * p.grad_new_residual_row_stride
                                 : nullptr;
 #pragma unroll
@@ -129,9 +128,7 @@ __global__ void __launch_bounds__(kNormBackwardThreads) norm_backward_kernel(con
         const float d = dy * w[i].v[j] - mean_dxhat;
         dx.v[j] = rstd * fmaf(-c, h[i].v[j], d) + (NEW_RESIDUAL ? extra.v[j] : 0.0f);
       }
-      const Vec<T, N> dxv = core::narrow<T>(dx);
-      core::store(out + col(i), dxv);
-      if (out_b) core::store(out_b + col(i), dxv);
+      core::store(out + col(i), core::narrow<T>(dx));
     }
   }
 

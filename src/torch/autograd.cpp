@@ -14,7 +14,8 @@
 // arguments takes the outputs named there, and they are saved too (fused_linear_cross_entropy's
 // row log-sum-exp, a pass of the head's GEMM; fused_add_rms_norm's new_residual, one tensor
 // where its inputs were two). Arguments a backward does not need are left unsaved by
-// save_only_when (registration.h).
+// save_only_when, and an argument whose gradient is another one (another argument's, an
+// output's incoming gradient) gets that tensor by gradient_is (registration.h).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +89,21 @@ std::map<std::string, SaveRule>& save_rules() {
   return rules;
 }
 
+// gradient_is(op, argument, source): by op, the pairs (argument, source).
+std::map<std::string, std::vector<std::pair<std::string, std::string>>>& gradient_sources() {
+  static std::map<std::string, std::vector<std::pair<std::string, std::string>>> sources;
+  return sources;
+}
+
+// The index of `name` among the backward op's arguments that are the op's output gradients, or -1.
+int64_t output_gradient_index(const c10::FunctionSchema& schema, const std::string& name) {
+  const std::vector<c10::Argument>& backward_args = backward_of(schema.operator_name().name).schema().arguments();
+  for (size_t k = 0; k < schema.returns().size(); ++k) {
+    if (backward_args[k].name() == name) return static_cast<int64_t>(k);
+  }
+  return -1;
+}
+
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -95,8 +112,10 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 // absent optional one is not a variable), `args` all the arguments with those tensors replaced
 // by None (the tensors are saved as SavedVariables, which check that they are not modified in
 // place before the backward, except those marked in `unsaved`: the backward gets None for
-// them); tensor i is argument positions[i] and the backward op's return slots[i] (its ordinal
-// among the schema's tensor arguments).
+// them); tensor i is argument positions[i] and gets the backward op's return slots[i] (its
+// ordinal among the schema's tensor arguments that have a gradient of their own; gradient_is:
+// an argument with another's gradient takes its slot) or, for slots[i] = -1 - k, the incoming
+// gradient of output k.
 struct Differentiable : torch::autograd::Function<Differentiable> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const c10::OperatorHandle& op, at::TensorList tensors,
@@ -148,7 +167,7 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
     backward_op.callBoxed(stack);
     // One gradient per argument of forward: op, each tensor, args, positions, slots, unsaved.
     torch::autograd::variable_list out(inputs + 5);
-    for (size_t i = 0; i < inputs; ++i) out[1 + i] = stack.at(slots[i]).toTensor();
+    for (size_t i = 0; i < inputs; ++i) out[1 + i] = slots[i] >= 0 ? stack.at(slots[i]).toTensor() : grads.at(-1 - slots[i]);
     return out;
   }
 };
@@ -171,19 +190,31 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     save_all = contains(rule->requiring_grad, schema.arguments()[i].name()) && args[i].isTensor() &&
                args[i].toTensor().requires_grad();
   }
+  const auto sources = gradient_sources().find(schema.name());
+  std::map<std::string, int64_t> slot_of;  // the tensor arguments' slots, by name
   std::vector<at::Tensor> tensors;
   std::vector<int64_t> positions, slots, unsaved;
-  int64_t slot = 0;
+  int64_t next_slot = 0;
   for (size_t i = 0; i < num_args; ++i) {
     if (!schema.arguments()[i].type()->isSubtypeOf(*c10::OptionalType::ofTensor())) continue;  // Tensor(?)
+    const std::string& name = schema.arguments()[i].name();
+    std::optional<int64_t> slot;
+    if (sources != gradient_sources().end()) {
+      for (const auto& [argument, source] : sources->second) {
+        if (argument != name) continue;
+        const auto earlier = slot_of.find(source);  // (gradient_is checked that one of the two exists)
+        slot = earlier != slot_of.end() ? earlier->second : -1 - output_gradient_index(schema, source);
+      }
+    }
+    if (!slot) slot = next_slot++;
+    slot_of[name] = *slot;
     if (args[i].isTensor()) {
       tensors.push_back(args[i].toTensor());
       positions.push_back(static_cast<int64_t>(i));
-      slots.push_back(slot);
-      unsaved.push_back(!save_all && contains(rule->arguments, schema.arguments()[i].name()));
+      slots.push_back(*slot);
+      unsaved.push_back(!save_all && contains(rule->arguments, name));
       args[i] = c10::IValue();
     }
-    ++slot;
   }
   // A TensorList, not the vector: Function::apply finds the variables by argument type.
   for (at::Tensor& out : Differentiable::apply(op, at::TensorList(tensors), std::move(args), std::move(positions),
@@ -206,6 +237,19 @@ void save_only_when(const std::string& op, std::vector<std::string> arguments,
                     std::vector<std::string> requiring_grad) {
   save_rules()[std::string(LTX_KERNELS_OPS_NAMESPACE_STR "::") + op] = {std::move(arguments),
                                                                         std::move(requiring_grad)};
+}
+
+void gradient_is(const std::string& op, std::string argument, std::string source) {
+  const c10::FunctionSchema& schema =
+      c10::Dispatcher::singleton().findSchemaOrThrow((LTX_KERNELS_OPS_NAMESPACE_STR "::" + op).c_str(), "").schema();
+  const std::optional<int> at = schema.argumentIndexWithName(argument);
+  TORCH_INTERNAL_ASSERT(at.has_value(), op, " has no argument ", argument);
+  // An argument source must come first: the slot walk of differentiable() meets it first.
+  const std::optional<int> from = schema.argumentIndexWithName(source);
+  TORCH_INTERNAL_ASSERT(from ? *from < *at : output_gradient_index(schema, source) >= 0, op, ": ", source,
+                        " is neither a tensor argument before ", argument, " nor an output gradient of ", op,
+                        "_backward");
+  gradient_sources()[schema.name()].emplace_back(std::move(argument), std::move(source));
 }
 
 }  // namespace ltx_kernels::torch_ext

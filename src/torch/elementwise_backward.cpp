@@ -1,7 +1,9 @@
 // Backward ops of gated_residual, linear_gelu_tanh and linear_gated_residual (the `<op>_backward`
 // of autograd.cpp):
 // the gradients of the outputs, then the forward's arguments; one gradient per tensor
-// argument, an empty tensor for an absent optional one. Written with ATen ops (and
+// argument (but x's of gated_residual and residual's of linear_gated_residual: grad_out itself,
+// which autograd passes on, gradient_is in schemas.cpp), an empty tensor for an absent optional
+// one. Written with ATen ops (and
 // gelu_tanh_backward's kernel), so one implementation serves CPU, CUDA and Meta. The
 // activations' own backward ops are kernels of the elementwise family (elementwise.cpp).
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -23,14 +25,13 @@ at::Tensor call_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor&
   return op.call(grad_out, h);
 }
 
-// out = x + y * gate.
-Grads3 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
+// out = x + y * gate: the gradients of y and gate (x's is grad_out).
+Grads2 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
                                const OptTensor& gate) {
   check_gated_residual(x, y, gate);
   check_grad(grad_out, "grad_out", x, x.scalar_type());
   const at::Tensor g = f32(grad_out);
-  return {fresh_grad(grad_out, x.scalar_type()),
-          gate ? (g * f32(*gate)).to(y.scalar_type()) : fresh_grad(grad_out, y.scalar_type()),
+  return {gate ? (g * f32(*gate)).to(y.scalar_type()) : fresh_grad(grad_out, y.scalar_type()),
           gate ? reduce_like(g * f32(y), *gate) : none_grad(x)};
 }
 
@@ -48,8 +49,8 @@ Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x
 // out = residual + gate * y, y = x @ weight^T + bias, recomputed in x's dtype (as the gradient
 // of the gate sees y in the unfused linear + gated_residual); dy = gate * grad_out rounded to
 // x's dtype, then the GEMMs of the gradients in that dtype, as torch's autograd of Linear runs
-// them.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_gated_residual_backward(
+// them. (residual's gradient is grad_out.)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_gated_residual_backward(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias,
     const at::Tensor& residual, const OptTensor& gate) {
   check_linear_gated_residual(x, weight, bias, residual, gate);
@@ -65,7 +66,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_ga
   const at::Tensor dy2 = dy.reshape_symint({rows, weight.sym_size(0)});
   return {at::matmul(dy, weight).contiguous(), at::mm(dy2.t(), x.reshape_symint({rows, weight.sym_size(1)})),
           bias ? grad_as(at::sum(dy2, {0}, false, at::kFloat), dtype) : none_grad(x),
-          fresh_grad(grad_out, dtype),
           gate ? reduce_like(g * f32(at::linear(x, weight, bias)), *gate) : none_grad(x)};
 }
 

@@ -123,16 +123,16 @@ Grads3 layer_norm_backward(const at::Tensor& grad_out, const at::Tensor& x, cons
 }
 
 // new_residual = x + residual (rounded to the dtype, the value the norm reads), out =
-// rms_norm(new_residual): both inputs get the sum of the two paths' gradients.
-Grads3 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
+// rms_norm(new_residual): both inputs get the sum of the two paths' gradients, returned once
+// (x's; autograd gives residual the same tensor: shares_gradient in schemas.cpp).
+Grads2 fused_add_rms_norm_backward(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
                                    const OptTensor& x, const OptTensor& residual, const OptTensor& weight,
                                    double eps, double weight_offset, const at::Tensor& new_residual) {
   check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, new_residual);
   const at::ScalarType dtype = new_residual.scalar_type();
   const auto [dh, dw, db] =
       affine_norm_backward(f32(grad_out), new_residual, weight, std::nullopt, false, eps, weight_offset);
-  const at::Tensor d = dh + f32(grad_new_residual);
-  return {grad_as(d, dtype), fresh_grad(d, dtype), dw};  // (not d twice)
+  return {grad_as(dh + f32(grad_new_residual), dtype), dw};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> adaln_layer_norm_backward(
@@ -266,10 +266,10 @@ gated_residual_adaln_rms_norm_backward_meta(const at::Tensor& grad_x_new, const 
 }
 
 #ifdef LTX_KERNELS_WITH_CUDA
-// The fused kernel's gradients of a norm: dx (and the same values for fused_add_rms_norm's
-// residual), dw and dbias from per-block fp32 partial sums, each rounded once.
+// The fused kernel's gradients of a norm: dx (with fused_add_rms_norm's grad_new_residual
+// added), dw and dbias from per-block fp32 partial sums, each rounded once.
 struct FusedGrads {
-  at::Tensor dx, d_residual, dweight, dbias;
+  at::Tensor dx, dweight, dbias;
 };
 
 // The kernel's params for these arguments (no pointers yet), or nullopt when the kernel does
@@ -294,7 +294,6 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
                                               const OptTensor& weight, const OptTensor& bias) {
   FusedGrads g;
   g.dx = at::empty(x.sizes(), x.options());
-  if (grad_new_residual) g.d_residual = at::empty(x.sizes(), x.options());
   g.dweight = none_grad(x);
   g.dbias = none_grad(x);
   if (p.rows == 0 || p.cols == 0) {  // no rows: zero weight and bias gradients
@@ -312,8 +311,6 @@ std::optional<FusedGrads> fused_norm_backward(NormBackwardParams p, const char* 
     gnr_rows = as_rows(last_dim_contiguous(*grad_new_residual));
     p.grad_new_residual = gnr_rows.tensor.const_data_ptr();
     p.grad_new_residual_row_stride = gnr_rows.row_stride;
-    p.out_b = g.d_residual.mutable_data_ptr();
-    p.out_b_row_stride = p.cols;
   }
   p.out = g.dx.mutable_data_ptr();
   p.out_row_stride = p.cols;
@@ -369,7 +366,7 @@ Grads3 layer_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& x,
   return {g->dx, g->dweight, g->dbias};
 }
 
-Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
+Grads2 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& grad_new_residual,
                                         const OptTensor& x, const OptTensor& residual, const OptTensor& weight,
                                         double eps, double weight_offset, const at::Tensor& new_residual) {
   check_fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, new_residual);
@@ -382,7 +379,7 @@ Grads3 fused_add_rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Te
   if (!g) {
     return fused_add_rms_norm_backward(grad_out, grad_new_residual, x, residual, weight, eps, weight_offset, h);
   }
-  return {g->dx, g->d_residual, g->dweight};
+  return {g->dx, g->dweight};
 }
 #endif
 

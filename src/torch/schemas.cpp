@@ -9,7 +9,8 @@ LTX_KERNELS_LIBRARY(m) {
   // (autograd.cpp) instead of torch's silent None gradients; so do the backward ops (no double
   // backward). An op with a backward is defined with it: `<name>_backward(<gradients of the
   // outputs>, <the op's arguments>) -> <one gradient per tensor argument>` (norm_backward.cpp,
-  // elementwise_backward.cpp, rope_backward.cpp), and gets the Autograd kernel that calls it.
+  // elementwise_backward.cpp, rope_backward.cpp; none for an argument whose gradient_is another
+  // one), and gets the Autograd kernel that calls it.
   const auto with_autograd = [&m](const char* schema, torch::CppFunction kernel) {
     m.def(schema);
     const std::string name(schema, std::string(schema).find('('));
@@ -33,10 +34,13 @@ LTX_KERNELS_LIBRARY(m) {
                     " float weight_offset=0.0) -> (Tensor out, Tensor new_residual)",
                     "fused_add_rms_norm_backward(Tensor grad_out, Tensor grad_new_residual, Tensor? x,"
                     " Tensor? residual, Tensor? weight, float eps, float weight_offset, Tensor new_residual)"
-                    " -> (Tensor grad_x, Tensor grad_residual, Tensor grad_weight)");
+                    " -> (Tensor grad_x, Tensor grad_weight)");
   // The backward reads the saved new_residual (the rounded sum the norm read), not x and
   // residual: one hidden state a token saved where two were (x and residual are None there).
   ltx_kernels::torch_ext::save_only_when("fused_add_rms_norm", {"x", "residual"}, {});
+  // x and residual have one gradient (new_residual = x + residual): the backward returns and
+  // writes it once, and autograd hands the same tensor to both.
+  ltx_kernels::torch_ext::gradient_is("fused_add_rms_norm", "residual", "x");
   // In place: forward-only (inference; training uses fused_add_rms_norm).
   def("fused_add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor? weight=None,"
       " float eps=1e-6, float weight_offset=0.0) -> Tensor");
@@ -100,7 +104,9 @@ LTX_KERNELS_LIBRARY(m) {
   def("swiglu.out(Tensor x, *, Tensor(a!) out) -> ()");
   def_with_backward("gated_residual(Tensor x, Tensor y, Tensor? gate) -> Tensor",
                     "gated_residual_backward(Tensor grad_out, Tensor x, Tensor y, Tensor? gate)"
-                    " -> (Tensor grad_x, Tensor grad_y, Tensor grad_gate)");
+                    " -> (Tensor grad_y, Tensor grad_gate)");
+  // x's gradient is grad_out itself (out = x + y * gate): autograd passes it on, no copy.
+  ltx_kernels::torch_ext::gradient_is("gated_residual", "x", "grad_out");
   // Linear + GELU-tanh with the activation in the GEMM epilogue (linear.cpp).
   def_with_backward("linear_gelu_tanh(Tensor x, Tensor weight, Tensor bias) -> Tensor",
                     "linear_gelu_tanh_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor bias)"
@@ -118,7 +124,8 @@ LTX_KERNELS_LIBRARY(m) {
                     " -> Tensor",
                     "linear_gated_residual_backward(Tensor grad_out, Tensor x, Tensor weight, Tensor? bias,"
                     " Tensor residual, Tensor? gate) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias,"
-                    " Tensor grad_residual, Tensor grad_gate)");
+                    " Tensor grad_gate)");
+  ltx_kernels::torch_ext::gradient_is("linear_gated_residual", "residual", "grad_out");  // (no copy)
   // An LLM head's linear + cross-entropy loss in chunks of classes, no full logits
   // (cross_entropy.cpp): the loss and each token's log-sum-exp, which the backward takes (saved,
   // not recomputed). grad_target is always empty: target holds class indices.

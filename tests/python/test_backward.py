@@ -628,14 +628,40 @@ OPCHECK = [
     ("ltx_qk_norm_rope", lambda: (torch.randn(2, 6, 12, requires_grad=True), torch.randn(2, 6, 12),
                                   torch.randn(12, requires_grad=True), None, 1e-6, [1, 2, 3], [1.0, 1.0, 1.0],
                                   None, 100.0)),
+    # The arguments whose gradient is another one (gradient_is, autograd.cpp), requiring grad.
+    ("fused_add_rms_norm", lambda: (torch.randn(3, 16, requires_grad=True), torch.randn(3, 16, requires_grad=True),
+                                    torch.randn(16, requires_grad=True), 1e-6, 0.0)),
+    ("gated_residual", lambda: (torch.randn(2, 3, 16, requires_grad=True), torch.randn(2, 3, 16, requires_grad=True),
+                                torch.randn(2, 1, 16, requires_grad=True))),
+    ("linear_gated_residual", lambda: (torch.randn(2, 3, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True),
+                                       torch.randn(8), torch.randn(2, 3, 8, requires_grad=True), torch.randn(8))),
 ]
 
 
-@pytest.mark.parametrize("name, make", OPCHECK, ids=[n for n, _ in OPCHECK])
+@pytest.mark.parametrize("name, make", OPCHECK, ids=[f"{n}-{i}" for i, (n, _) in enumerate(OPCHECK)])
 def test_opcheck_with_grad(name, make):
     """torch.library's checks with inputs that require grad: the autograd registration and
     AOTAutograd tracing forward and backward (what torch.compile does in training)."""
     torch.library.opcheck(getattr(ops, name).default, make())
+
+
+def test_gradients_that_are_another_one_are_not_copies():
+    """gradient_is (autograd.cpp): fused_add_rms_norm hands x and residual one gradient tensor
+    (its backward writes the values once); gated_residual's x and linear_gated_residual's
+    residual get the output's incoming gradient itself, not a copy of it."""
+    x, res = torch.randn(3, 16, requires_grad=True), torch.randn(3, 16, requires_grad=True)
+    out, new_res = ops.fused_add_rms_norm(x, res, None, 1e-6, 0.0)
+    dx, dres = torch.autograd.grad([out, new_res], [x, res], grad_outputs=[torch.randn(3, 16), torch.randn(3, 16)])
+    assert dx.data_ptr() == dres.data_ptr()
+    g = torch.randn(2, 3, 16)
+    x, y, gate = (torch.randn(shape, requires_grad=True) for shape in [(2, 3, 16), (2, 3, 16), (2, 1, 16)])
+    dx, dy, dgate = torch.autograd.grad(ops.gated_residual(x, y, gate), [x, y, gate], grad_outputs=g)
+    assert dx.data_ptr() == g.data_ptr()
+    torch.testing.assert_close(dy, g * gate), torch.testing.assert_close(dgate, (g * y).sum(1, keepdim=True))
+    w, res, g8 = torch.randn(8, 16, requires_grad=True), torch.randn(2, 3, 8, requires_grad=True), torch.randn(2, 3, 8)
+    dres, dw = torch.autograd.grad(ops.linear_gated_residual(x, w, None, res, None), [res, w], grad_outputs=g8)
+    assert dres.data_ptr() == g8.data_ptr()
+    torch.testing.assert_close(dw, g8.flatten(0, 1).T @ x.flatten(0, 1))
 
 
 def test_compile_forward_and_backward():
