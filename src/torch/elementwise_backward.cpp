@@ -25,14 +25,15 @@ at::Tensor call_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor&
   return op.call(grad_out, h);
 }
 
-// out = x + y * gate: the gradients of y and gate (x's is grad_out).
+// out = x + y * gate: the gradients of y and gate (x's is grad_out). ATen multiplies 16-bit
+// tensors in fp32 and rounds once, so grad_out * gate needs no fp32 copies of its operands (the
+// same values as f32(grad_out) * f32(gate) rounded, in one pass); the gate's sum is fp32.
 Grads2 gated_residual_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& y,
                                const OptTensor& gate) {
   check_gated_residual(x, y, gate);
   check_grad(grad_out, "grad_out", x, x.scalar_type());
-  const at::Tensor g = f32(grad_out);
-  return {gate ? (g * f32(*gate)).to(y.scalar_type()) : fresh_grad(grad_out, y.scalar_type()),
-          gate ? reduce_like(g * f32(y), *gate) : none_grad(x)};
+  if (!gate) return {fresh_grad(grad_out, y.scalar_type()), none_grad(x)};
+  return {grad_as(grad_out * *gate, y.scalar_type()), reduce_like(f32(grad_out) * y, *gate)};
 }
 
 // out = gelu_tanh(h), h = x @ weight^T + bias, recomputed in x's dtype; the GEMMs of the
@@ -60,13 +61,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_gated_residual
                     "grad_out must be on x's device with the output's shape ", dims_str(residual.sym_sizes()),
                     ", got ", dims_str(grad_out.sym_sizes()), " on ", device_str(grad_out.device()));
   const at::ScalarType dtype = x.scalar_type();
-  const at::Tensor g = f32(grad_out);
-  const at::Tensor dy = gate ? (g * f32(*gate)).to(dtype) : grad_as(grad_out, dtype);
+  const at::Tensor dy = grad_as(gate ? grad_out * *gate : grad_out, dtype);  // (as gated_residual_backward's)
   const c10::SymInt rows = x.sym_size(0) * x.sym_size(1);  // (not -1 in the reshapes: n or k may be 0)
   const at::Tensor dy2 = dy.reshape_symint({rows, weight.sym_size(0)});
   return {at::matmul(dy, weight).contiguous(), at::mm(dy2.t(), x.reshape_symint({rows, weight.sym_size(1)})),
           bias ? grad_as(at::sum(dy2, {0}, false, at::kFloat), dtype) : none_grad(x),
-          gate ? reduce_like(g * f32(at::linear(x, weight, bias)), *gate) : none_grad(x)};
+          gate ? reduce_like(f32(grad_out) * at::linear(x, weight, bias), *gate) : none_grad(x)};
 }
 
 }  // namespace

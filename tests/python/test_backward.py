@@ -664,6 +664,24 @@ def test_gradients_that_are_another_one_are_not_copies():
     torch.testing.assert_close(dw, g8.flatten(0, 1).T @ x.flatten(0, 1))
 
 
+# The arguments whose gradient is another one (gradient_is in schemas.cpp): no grad_<argument>.
+GRADIENT_IS = {"fused_add_rms_norm": {"residual"}, "gated_residual": {"x"}, "linear_gated_residual": {"residual"}}
+
+
+def test_backward_ops_return_a_gradient_per_tensor_argument():
+    """Every ``<op>_backward`` returns ``grad_<argument>`` for each tensor argument of ``<op>``,
+    in order (one unnamed return for a single one), except the arguments of GRADIENT_IS."""
+    names = sorted({s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
+                    if s.name.startswith("ltx_kernels::") and s.name.endswith("_backward")})
+    assert "rms_norm_backward" in names and len(names) >= 20
+    for name in names:
+        forward = name.removesuffix("_backward")
+        arguments = [a.name for a in getattr(ops, forward).default._schema.arguments if "Tensor" in str(a.type)]
+        expected = [f"grad_{a}" for a in arguments if a not in GRADIENT_IS.get(forward, set())]
+        returns = [r.name for r in getattr(ops, name).default._schema.returns]
+        assert returns == (expected if len(expected) > 1 else [""]), name
+
+
 def test_compile_forward_and_backward():
     """torch.compile(fullgraph) traces forward and backward; the gradients match eager."""
     def block(x, w, scale, shift):

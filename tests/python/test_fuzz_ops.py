@@ -520,8 +520,10 @@ def build_backward(draw, dtype, forward):
     (in any layout autograd may pass: dense, strided, expanded), then the forward's arguments.
     Its formula is autograd of the forward's fp64 formula (a rounding to dtype passes the
     gradient through): one gradient per tensor argument, in that argument's dtype, an empty
-    tensor for an absent optional one."""
+    tensor for an absent optional one; none for an argument whose gradient is another one
+    (gradient_is in schemas.cpp: the schema returns no ``grad_<argument>`` for it)."""
     call, formula = forward(draw, dtype)
+    returns = [r.name for r in getattr(torch.ops.ltx_kernels, f"{call.op}_backward").default._schema.returns]
     # A norm of one or two channels maps each row to constants: its x gradient is rounding
     # noise (test_backward.NORM_SIZES), nothing to compare.
     hypothesis.assume("norm" not in call.op or call.args[0].tensor.shape[-1] >= 3)
@@ -532,6 +534,8 @@ def build_backward(draw, dtype, forward):
                  valid_breaks=("strided_last_dim", "expanded_last_dim"))
              for name, o in zip(GRAD_NAMES[call.op], outs)]
     inputs = [a for a in call.args if isinstance(a, Arg)]
+    # (a single gradient is returned unnamed)
+    returned = [len(returns) == 1 and returns[0] == "" or f"grad_{a.name}" in returns for a in inputs]
     extra = [call.kwargs["out_dtype"]] if "out_dtype" in call.kwargs else []  # rms_norm's: positional here
     if saves_outputs:
         # The forward's defaults the call left out, then the outputs (read through a reshape: any layout).
@@ -556,10 +560,11 @@ def build_backward(draw, dtype, forward):
                 t.requires_grad_(False)
         result = tuple(torch.empty(0) if t is None else next(got) if t.is_floating_point() else torch.empty(0, dtype=t.dtype)
                        for t in saved)
+        result = tuple(r for r, kept in zip(result, returned) if kept)
         return result if len(result) > 1 else result[0]  # a single gradient is returned bare
 
     back = Call(f"{call.op}_backward", grads + call.args + extra, scale=10.0 if dtype == torch.float32 else 4.0,
-                out_dtypes=[dtype if a.tensor is None else a.tensor.dtype for a in inputs])
+                out_dtypes=[dtype if a.tensor is None else a.tensor.dtype for a, kept in zip(inputs, returned) if kept])
     return back, gradients
 
 
