@@ -298,8 +298,9 @@ __global__ void __launch_bounds__(kThreads) apply_cols_kernel(const GroupNormPar
 // The elements of a 16-byte vector of x.
 int vector_elements(const GroupNormParams& p) { return p.dtype == DType::kFloat32 ? 4 : 8; }
 
-// Channels-first: about kRowWarps warps of at least kMinRowSegment positions. Channels-last: about kColBlocks blocks of the
-// 16-byte tiling (the shape decides it, not the alignment: the workspace is sized from it),
+// Channels-first: about kRowWarps warps of at least kMinRowSegment positions. Channels-last:
+// about kColBlocks blocks of the 16-byte tiling (the shape decides it, not the alignment: the
+// workspace is sized from it),
 // each thread at least kUnroll positions.
 Split split_of(const GroupNormParams& p) {
   if (!p.channels_last) {
@@ -381,8 +382,8 @@ cudaError_t launch_typed(const GroupNormParams& p, float* workspace, cudaStream_
   const int64_t most = std::max(ceil_div(p.spatial, int64_t{tiling.rows} * kApplyPositions),
                                 ceil_div(int64_t{sms} * 2, tiling.chunks * batch));
   const int64_t blocks = std::min({wanted, most, ceil_div(p.spatial, int64_t{tiling.rows})});
-  const dim3 grid(static_cast<unsigned>(tiling.chunks), static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridYZ)),
-                  static_cast<unsigned>(batch));
+  const dim3 grid(static_cast<unsigned>(tiling.chunks),
+                  static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxGridYZ)), static_cast<unsigned>(batch));
   if (vectorize) {
     apply_cols_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(p, coefs, tiling.width, tiling.rows);
   } else {

@@ -89,9 +89,14 @@ std::map<std::string, SaveRule>& save_rules() {
   return rules;
 }
 
-// gradient_is(op, argument, source): by op, the pairs (argument, source).
-std::map<std::string, std::vector<std::pair<std::string, std::string>>>& gradient_sources() {
-  static std::map<std::string, std::vector<std::pair<std::string, std::string>>> sources;
+// gradient_is(op, argument, source), by op: source an earlier tensor argument, or output k's
+// incoming gradient (output >= 0), resolved once when registered.
+struct GradientSource {
+  std::string argument, source;
+  int64_t output;
+};
+std::map<std::string, std::vector<GradientSource>>& gradient_sources() {
+  static std::map<std::string, std::vector<GradientSource>> sources;
   return sources;
 }
 
@@ -167,7 +172,9 @@ struct Differentiable : torch::autograd::Function<Differentiable> {
     backward_op.callBoxed(stack);
     // One gradient per argument of forward: op, each tensor, args, positions, slots, unsaved.
     torch::autograd::variable_list out(inputs + 5);
-    for (size_t i = 0; i < inputs; ++i) out[1 + i] = slots[i] >= 0 ? stack.at(slots[i]).toTensor() : grads.at(-1 - slots[i]);
+    for (size_t i = 0; i < inputs; ++i) {
+      out[1 + i] = slots[i] >= 0 ? stack.at(slots[i]).toTensor() : grads.at(-1 - slots[i]);
+    }
     return out;
   }
 };
@@ -200,10 +207,8 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     const std::string& name = schema.arguments()[i].name();
     std::optional<int64_t> slot;
     if (sources != gradient_sources().end()) {
-      for (const auto& [argument, source] : sources->second) {
-        if (argument != name) continue;
-        const auto earlier = slot_of.find(source);  // (gradient_is checked that one of the two exists)
-        slot = earlier != slot_of.end() ? earlier->second : -1 - output_gradient_index(schema, source);
+      for (const GradientSource& g : sources->second) {
+        if (g.argument == name) slot = g.output >= 0 ? -1 - g.output : slot_of.at(g.source);  // (met first)
       }
     }
     if (!slot) slot = next_slot++;
@@ -246,10 +251,10 @@ void gradient_is(const std::string& op, std::string argument, std::string source
   TORCH_INTERNAL_ASSERT(at.has_value(), op, " has no argument ", argument);
   // An argument source must come first: the slot walk of differentiable() meets it first.
   const std::optional<int> from = schema.argumentIndexWithName(source);
-  TORCH_INTERNAL_ASSERT(from ? *from < *at : output_gradient_index(schema, source) >= 0, op, ": ", source,
-                        " is neither a tensor argument before ", argument, " nor an output gradient of ", op,
-                        "_backward");
-  gradient_sources()[schema.name()].emplace_back(std::move(argument), std::move(source));
+  const int64_t output = from ? -1 : output_gradient_index(schema, source);
+  TORCH_INTERNAL_ASSERT(from ? *from < *at : output >= 0, op, ": ", source, " is neither a tensor argument before ",
+                        argument, " nor an output gradient of ", op, "_backward");
+  gradient_sources()[schema.name()].push_back({std::move(argument), std::move(source), output});
 }
 
 }  // namespace ltx_kernels::torch_ext
