@@ -5,9 +5,10 @@
 //   xhat  = norm(h)                      (the row statistics recomputed, not saved)
 //   dx    = d loss / d h through y = xhat * w + bias, plus grad_new_residual when given
 //   dw    = sum over rows of dy * xhat,  dbias = sum over rows of dy
-// in fp32, dx rounded once, written once (fused_add_rms_norm's residual gets the same gradient as
-// x: autograd hands the one tensor to both, see shares_gradient in registration.h). dw and dbias are reduced per block in fp32 (block i
-// writes row i of dweight_partial / dbias_partial, [blocks, cols]), then the partial rows are
+// in fp32, dx rounded once, written once (fused_add_rms_norm's residual has x's gradient:
+// autograd hands the one tensor to both, gradient_is in src/torch/registration.h). dw and dbias
+// are reduced per block in fp32 (block i writes row i of dweight_partial / dbias_partial,
+// [blocks, cols]), then the partial rows are
 // summed in block order by a second kernel that writes dweight / dbias in the weight's dtype:
 // no atomics, so the result does not depend on the order blocks finish. The CPU reference is
 // the ATen composition of src/torch/norm_backward.cpp, which also serves rows too long for

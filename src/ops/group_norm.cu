@@ -300,8 +300,7 @@ int vector_elements(const GroupNormParams& p) { return p.dtype == DType::kFloat3
 
 // Channels-first: about kRowWarps warps of at least kMinRowSegment positions. Channels-last:
 // about kColBlocks blocks of the 16-byte tiling (the shape decides it, not the alignment: the
-// workspace is sized from it),
-// each thread at least kUnroll positions.
+// workspace is sized from it), each thread at least kUnroll positions.
 Split split_of(const GroupNormParams& p) {
   if (!p.channels_last) {
     const int64_t wanted = ceil_div(kRowWarps, p.batch * p.channels);

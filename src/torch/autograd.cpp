@@ -89,15 +89,16 @@ std::map<std::string, SaveRule>& save_rules() {
   return rules;
 }
 
-// gradient_is(op, argument, source), by op: source an earlier tensor argument, or output k's
-// incoming gradient (output >= 0), resolved once when registered.
-struct GradientSource {
-  std::string argument, source;
-  int64_t output;
-};
-std::map<std::string, std::vector<GradientSource>>& gradient_sources() {
-  static std::map<std::string, std::vector<GradientSource>> sources;
-  return sources;
+// The ops with gradient_is rules: per argument position, the backward op's return slot of its
+// gradient (-1 - k: output k's incoming gradient; unused for a non-tensor argument), computed
+// when a rule is registered. An op without rules numbers its tensor arguments in order.
+std::map<std::string, std::vector<int64_t>>& gradient_slots() {
+  static std::map<std::string, std::vector<int64_t>> slots;
+  return slots;
+}
+
+bool is_tensor_argument(const c10::Argument& argument) {
+  return argument.type()->isSubtypeOf(*c10::OptionalType::ofTensor());  // Tensor(?)
 }
 
 // The index of `name` among the backward op's arguments that are the op's output gradients, or -1.
@@ -197,29 +198,21 @@ void differentiable(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     save_all = contains(rule->requiring_grad, schema.arguments()[i].name()) && args[i].isTensor() &&
                args[i].toTensor().requires_grad();
   }
-  const auto sources = gradient_sources().find(schema.name());
-  std::map<std::string, int64_t> slot_of;  // the tensor arguments' slots, by name
+  const auto ruled = gradient_slots().find(schema.name());
+  const std::vector<int64_t>* slot_at = ruled == gradient_slots().end() ? nullptr : &ruled->second;
   std::vector<at::Tensor> tensors;
   std::vector<int64_t> positions, slots, unsaved;
-  int64_t next_slot = 0;
+  int64_t slot = 0;
   for (size_t i = 0; i < num_args; ++i) {
-    if (!schema.arguments()[i].type()->isSubtypeOf(*c10::OptionalType::ofTensor())) continue;  // Tensor(?)
-    const std::string& name = schema.arguments()[i].name();
-    std::optional<int64_t> slot;
-    if (sources != gradient_sources().end()) {
-      for (const GradientSource& g : sources->second) {
-        if (g.argument == name) slot = g.output >= 0 ? -1 - g.output : slot_of.at(g.source);  // (met first)
-      }
-    }
-    if (!slot) slot = next_slot++;
-    slot_of[name] = *slot;
+    if (!is_tensor_argument(schema.arguments()[i])) continue;
     if (args[i].isTensor()) {
       tensors.push_back(args[i].toTensor());
       positions.push_back(static_cast<int64_t>(i));
-      slots.push_back(*slot);
-      unsaved.push_back(!save_all && contains(rule->arguments, name));
+      slots.push_back(slot_at ? (*slot_at)[i] : slot);
+      unsaved.push_back(!save_all && contains(rule->arguments, schema.arguments()[i].name()));
       args[i] = c10::IValue();
     }
+    ++slot;
   }
   // A TensorList, not the vector: Function::apply finds the variables by argument type.
   for (at::Tensor& out : Differentiable::apply(op, at::TensorList(tensors), std::move(args), std::move(positions),
@@ -244,17 +237,30 @@ void save_only_when(const std::string& op, std::vector<std::string> arguments,
                                                                         std::move(requiring_grad)};
 }
 
-void gradient_is(const std::string& op, std::string argument, std::string source) {
+void gradient_is(const std::string& op, const std::string& argument, const std::string& source) {
   const c10::FunctionSchema& schema =
       c10::Dispatcher::singleton().findSchemaOrThrow((LTX_KERNELS_OPS_NAMESPACE_STR "::" + op).c_str(), "").schema();
   const std::optional<int> at = schema.argumentIndexWithName(argument);
-  TORCH_INTERNAL_ASSERT(at.has_value(), op, " has no argument ", argument);
-  // An argument source must come first: the slot walk of differentiable() meets it first.
+  TORCH_INTERNAL_ASSERT(at && is_tensor_argument(schema.arguments()[*at]), op, " has no tensor argument ", argument);
   const std::optional<int> from = schema.argumentIndexWithName(source);
   const int64_t output = from ? -1 : output_gradient_index(schema, source);
-  TORCH_INTERNAL_ASSERT(from ? *from < *at : output >= 0, op, ": ", source, " is neither a tensor argument before ",
-                        argument, " nor an output gradient of ", op, "_backward");
-  gradient_sources()[schema.name()].push_back({std::move(argument), std::move(source), output});
+  TORCH_INTERNAL_ASSERT(from ? *from != *at && is_tensor_argument(schema.arguments()[*from]) : output >= 0, op, ": ",
+                        source, " is neither another tensor argument nor an output gradient of ", op, "_backward");
+  // The rules of the op so far (source >= 0: an argument position; -1 - k: output k), then
+  // every argument's slot again: the others' slots close up around the ones that have none.
+  static std::map<std::string, std::map<int, int64_t>> rules;
+  std::map<int, int64_t>& op_rules = rules[schema.name()];
+  op_rules[*at] = from ? *from : -1 - output;
+  std::vector<int64_t> slot_at(schema.arguments().size(), 0);
+  int64_t next = 0;
+  for (size_t i = 0; i < slot_at.size(); ++i) {
+    if (is_tensor_argument(schema.arguments()[i]) && !op_rules.count(static_cast<int>(i))) slot_at[i] = next++;
+  }
+  for (const auto& [i, s] : op_rules) {
+    TORCH_INTERNAL_ASSERT(s < 0 || !op_rules.count(static_cast<int>(s)), op, ": a gradient_is source has a rule too");
+    slot_at[i] = s >= 0 ? slot_at[s] : s;
+  }
+  gradient_slots()[schema.name()] = std::move(slot_at);
 }
 
 }  // namespace ltx_kernels::torch_ext

@@ -73,10 +73,10 @@ torch::CppFunction differentiable_kernel();
 void save_only_when(const std::string& op, std::vector<std::string> arguments,
                     std::vector<std::string> requiring_grad);
 // For an op with a differentiable_kernel: its tensor `argument`'s gradient is always `source`,
-// either an earlier tensor argument's gradient (fused_add_rms_norm's residual has x's: both are
+// either another tensor argument's gradient (fused_add_rms_norm's residual has x's: both are
 // summed into the one tensor it normalizes) or an output's incoming gradient, unchanged, by the
 // backward op's name for it (gated_residual's x has grad_out). The backward op returns no
 // gradient for `argument` and autograd hands it that tensor: a registered op's outputs may not
 // alias one another or its inputs, so returning it would mean writing a copy.
-void gradient_is(const std::string& op, std::string argument, std::string source);
+void gradient_is(const std::string& op, const std::string& argument, const std::string& source);
 }  // namespace ltx_kernels::torch_ext
