@@ -9,9 +9,12 @@
 //   nvcc -std=c++17 -arch=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr -DLTX_KERNELS_WITH_CUDA \
 //     -Iinclude -Isrc -DPROBE_TAG='"new"' -DPROBE_HEADER='"ops/norm_kernels.cuh"' \
 //     -o /tmp/norm_plans benchmarks/probes/norm_plans.cu && /tmp/norm_plans
+// Environment variables PROBE_ROWS / PROBE_DS (space-separated) replace the sizes, e.g.
+// PROBE_ROWS="1 8 64" /tmp/norm_plans.
 // Output lines: TAG KIND rows=R D=D PLAN: us (GB/s moved).
 #include <cuda_bf16.h>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 #include <algorithm>
 #include PROBE_HEADER
@@ -58,6 +61,18 @@ void sweep(NormParams p) {
   TRY(1, 128) TRY(2, 64) TRY(4, 32) TRY(1, 64) TRY(2, 32)
 }
 
+static std::vector<long> sizes(const char* env, std::vector<long> fallback) {
+  const char* s = std::getenv(env);
+  if (s == nullptr) return fallback;
+  std::vector<long> out;
+  for (char* end; *s; s = end) {
+    const long v = std::strtol(s, &end, 10);
+    if (end == s) break;
+    out.push_back(v);
+  }
+  return out;
+}
+
 int main() {
   cudaMalloc(&flush_buf, 256 << 20);
   const long maxel = 65536L * 5120;
@@ -69,7 +84,8 @@ int main() {
   cudaMemcpy(x, h.data(), maxel * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(res, h.data(), maxel * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(w, h.data(), 8192 * 2, cudaMemcpyHostToDevice); cudaMemcpy(b, h.data() + 5, 8192 * 2, cudaMemcpyHostToDevice);
-  for (long D : {2048L, 3072L, 4096L, 1536L, 5120L}) for (long rows : {64L, 1000L, 5376L, 16128L, 65536L}) {
+  for (long D : sizes("PROBE_DS", {2048L, 3072L, 4096L, 1536L, 5120L}))
+  for (long rows : sizes("PROBE_ROWS", {64L, 1000L, 5376L, 16128L, 65536L})) {
     if (rows * D > maxel) continue;
     NormParams p; p.dtype = DType::kBFloat16; p.weight_dtype = DType::kBFloat16; p.out_dtype = DType::kBFloat16;
     p.rows = rows; p.cols = D; p.x = x; p.x_row_stride = D; p.weight = w; p.out = out; p.out_row_stride = D;
