@@ -84,11 +84,15 @@ NormLaunchPlan plan_norm(const NormParams& p) {
   // on: H200, bf16, D = 2048: 38.9 -> 37.5 us at 16128 rows, 16.4 -> 15.4 at 5376 (D = 1536:
   // 33.7 -> 30.5, 14.8 -> 13.4); 4 vectors were no faster at D = 2048, and 3072+ columns already
   // take 2 or more (benchmarks/results/h200/norm_plans.md).
+  // The plain layer norm below 1000 rows holds 2 vectors a thread, not 1 (from 1536 to 2048
+  // columns; 3072+ take 2 either way): H200 bf16, 2 x 128 against 1 x 256, D = 2048: 4.2 vs 4.7 us
+  // at 1 row, 4.6 vs 4.8 at 64; D = 1536: 4.2 vs 4.6, 4.6 vs 4.7. From 1000 rows on 4 still pays
+  // at 3072+ columns (4095 x 3072: 4 x 128 21.1 vs 2 x 256 23.3; benchmarks/results/h200/norm_plans.md).
   const bool four_per_thread =
       p.residual == nullptr && ((p.type == NormType::kLayer && p.rows >= 1000) ||
                                 (p.type == NormType::kRms && p.scale.ptr != nullptr));
-  const bool two_per_thread = plan.vec > 1 && p.residual == nullptr && p.type == NormType::kRms &&
-                              p.scale.ptr == nullptr && p.rows >= 1000;
+  const bool two_per_thread = plan.vec > 1 && p.residual == nullptr && p.scale.ptr == nullptr &&
+                              (p.type == NormType::kRms ? p.rows >= 1000 : p.rows < 1000);
   const int64_t target = four_per_thread ? ceil_div(nvec, 4) : two_per_thread ? ceil_div(nvec, 2) : nvec;
   // Vectorized rows of at most 16 vectors (head_dim 64 / 128 in 16 bits: the QK norms of
   // FLUX, SD3, Qwen3) take 8 or 16 threads, several rows a warp: with 32, three quarters of

@@ -112,11 +112,15 @@ constexpr int kMinBlocksPerSm =
 // Weight, bias, scale and shift fetched before the reduction so their latency overlaps
 // it, when the registers allow: up to 4 vectors' worth per thread (2 with modulation, which
 // doubles them; 1 with the FP8 output, whose row max and quantization hold registers too; an
-// fp32 weight beside 16-bit x counts twice), and not for layer norm: H200, bf16, 16128 x 2048,
-// its 4 x 64 plan 43.7 -> 58.6 us with them fetched early (benchmarks/results/h200/norm_plans.md).
-template <int ITEMS, NormType TYPE, bool MOD, bool FP8, int WIDEN>
+// fp32 weight beside 16-bit x counts twice). Layer norm only at 2 vectors from 32 threads a row,
+// in one dtype, without modulation (with it: not measured): H200 bf16, 8 x 4096 (2 x 256)
+// 5.4 -> 4.6 us, 1 x 2048 (2 x 128) 4.9 -> 4.4 us, large rows unchanged; its 4 x 64 plan at
+// 16128 x 2048 took 43.7 -> 58.6 us with them fetched early and its 1 x 256 plan spills
+// (benchmarks/results/h200/norm_plans.md).
+template <int ITEMS, NormType TYPE, bool MOD, bool FP8, int WIDEN, int TPR>
 constexpr bool kPrefetchAffine =
-    ITEMS * WIDEN <= (FP8 ? 1 : MOD ? 2 : 4) && TYPE != NormType::kLayer;
+    ITEMS * WIDEN <= (FP8 ? 1 : MOD ? 2 : 4) &&
+    (TYPE != NormType::kLayer || (!MOD && ITEMS == 2 && WIDEN == 1 && TPR >= 32));
 
 // Row held in registers: ITEMS vectors of N elements per thread, in the storage dtype; one
 // row per TPR threads, kMaxCachedThreads / TPR rows per block. The block shape is a
@@ -132,7 +136,7 @@ template <typename T, typename W, typename O, int N, int ITEMS, NormType TYPE, b
 __global__ void __launch_bounds__(kMaxCachedThreads, (kMinBlocksPerSm<ITEMS, TYPE, RESIDUAL, MOD>))
     norm_cached_kernel(const NormParams p, const float inv_cols) {
   constexpr int kRowsPerBlock = kMaxCachedThreads / TPR;
-  constexpr bool kPrefetch = kPrefetchAffine<ITEMS, TYPE, MOD, FP8, sizeof(W) / sizeof(T)>;
+  constexpr bool kPrefetch = kPrefetchAffine<ITEMS, TYPE, MOD, FP8, sizeof(W) / sizeof(T), TPR>;
   // One scratch per reduction (mean, squares, FP8 row max), so no barrier is needed before
   // reusing it.
   __shared__ float scratch[3][core::kMaxWarpsPerBlock];

@@ -324,8 +324,8 @@ TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
     EXPECT_EQ(plan_norm(plain).threads_per_row, 256);
     EXPECT_EQ(plan_norm(plain).items, 1);
   }
-  // Layer norms, plain and AdaLN (with or without the FP8 output): 4 vectors a thread too from
-  // 1000 rows on; fewer rows keep the plain plan.
+  // Layer norms (with or without the FP8 output), plain and AdaLN: 4 vectors a thread from 1000
+  // rows on; fewer rows, AdaLN 1 vector a thread, plain 2.
   NormParams layer = plan_params(DType::kBFloat16, 2048);
   layer.type = NormType::kLayer;
   for (bool adaln : {false, true}) {
@@ -335,9 +335,11 @@ TEST(NormPlan, AdaLNWithoutResidualHoldsFourVectorsPerThread) {
       layer.rows = 1000;
       EXPECT_EQ(plan_norm(layer).threads_per_row, 64);
       EXPECT_EQ(plan_norm(layer).items, 4);
-      layer.rows = 999;
-      EXPECT_EQ(plan_norm(layer).threads_per_row, 256);
-      EXPECT_EQ(plan_norm(layer).items, 1);
+      for (int64_t rows : {999, 1}) {
+        layer.rows = rows;
+        EXPECT_EQ(plan_norm(layer).threads_per_row, adaln ? 256 : 128);
+        EXPECT_EQ(plan_norm(layer).items, adaln ? 1 : 2);
+      }
     }
   }
 }
