@@ -20,8 +20,8 @@ py="$venv/bin/python"
 # uses `kernels` within a version window of its own (5.17: kernels >= 0.16, < 0.17). peft and
 # torchao: LoRA adapters and a quantized base model under inject (test_diffusers_compose.py).
 # nvidia-cutlass: the CUTLASS/CuTe headers the Hopper (sm_90a) kernels are built with.
-# hypothesis: the property-based (fuzz) tests.
-"$py" -m pip install -q numpy pytest hypothesis "diffusers==0.42.1" accelerate "transformers==5.17.0" "kernels==0.16.2" \
+# hypothesis: the property-based (fuzz) tests; pytest-xdist: test.sh's worker processes.
+"$py" -m pip install -q numpy pytest pytest-xdist hypothesis "diffusers==0.42.1" accelerate "transformers==5.17.0" "kernels==0.16.2" \
   "peft==0.21.2" "torchao==0.18.0" "scikit-build-core>=0.10" "cmake>=3.24" ninja "nvidia-cutlass==4.2.0.0"
 # --no-build-isolation: build against the torch above, not a fresh copy in an isolated env.
 "$py" -m pip install -q --no-build-isolation .

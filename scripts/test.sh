@@ -18,4 +18,8 @@ cmake --build build/cpp >> build-cpp.log 2>&1 || { tail -50 build-cpp.log; exit 
 ctest --test-dir build/cpp --output-on-failure
 
 echo "== Python tests"
-python -m pytest tests/python -q
+# One pytest-xdist worker a core, at most 4 (each imports torch, diffusers and transformers and
+# builds its own test models): on CI's 2 cores the suite takes about half its single-process time.
+cores=$(nproc)
+workers=$((cores < 4 ? cores : 4))
+python -m pytest tests/python -q -n "$workers"
