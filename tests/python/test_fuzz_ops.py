@@ -68,6 +68,7 @@ class Call:
     cuda_refuses: bool = False
     cuda_scale: float | None = None  # the GPU's tolerance scale where it differs from the CPU's
     cuda_formula: Callable | None = None  # the GPU's reference where its documented method differs from the CPU's
+    out_scales: list | None = None  # per output, where they differ (set by a backward op's formula)
     out_dtype: torch.dtype | None = None  # the output's dtype where it is not the inputs' (rms_norm's out_dtype)
     out_dtypes: list | None = None  # per output, where they differ (a backward op: each argument's dtype)
 
@@ -515,6 +516,34 @@ BUILDERS = {
 }
 
 
+# Row parts of the output gradients whose backward results measure a gradient's cancellation.
+MAGNITUDE_PARTS = 16
+
+
+def row_parts(cotangents, parts):
+    """The cotangents in `parts` pieces by row (each tensor's leading dims flattened), each piece
+    every cotangent with the other rows zeroed: the pieces sum to the cotangents."""
+    for k in range(parts):
+        piece = []
+        for c in cotangents:
+            if c.dim() == 0 or c.shape[-1] == 0:
+                piece.append(c if k == 0 else torch.zeros_like(c))
+                continue
+            rows = c.numel() // c.shape[-1]
+            row = torch.arange(rows).reshape(*c.shape[:-1], 1)
+            piece.append(c * (row * parts // max(rows, 1) == k))
+        yield piece
+
+
+def cancellation(grad, squares):
+    """How much the gradient's row parts (their squares summed: `squares`) outweigh the
+    gradient itself: >= 1, and 1 where its parts do not cancel."""
+    if squares is None or grad.numel() == 0:
+        return 1.0
+    norm = grad.norm().item()
+    return max(1.0, squares.sum().sqrt().item() / norm) if norm > 0 else 1.0
+
+
 def build_backward(draw, dtype, forward):
     """The backward op of a forward call as autograd calls it: random gradients of the outputs
     (in any layout autograd may pass: dense, strided, expanded), then the forward's arguments.
@@ -553,15 +582,36 @@ def build_backward(draw, dtype, forward):
         try:
             ref = formula()
             ref = ref if isinstance(ref, tuple) else (ref,)
-            got = iter(torch.autograd.grad(ref, present, [g.tensor.double() for g in grads], allow_unused=True,
-                                           materialize_grads=True))
+            cotangents = [g.tensor.double() for g in grads]
+
+            def vjp(cotangents):
+                return torch.autograd.grad(ref, present, cotangents, allow_unused=True, materialize_grads=True,
+                                           retain_graph=True)
+
+            got = vjp(cotangents)
+            # A gradient summed over rows (a weight's, a gate's) is rounded term by term, its
+            # errors adding in quadrature: its tolerance is relative to the root sum of squares
+            # of the rows' parts, not to the sum where that cancels (a one-element weight
+            # gradient of 1e-3 from terms of 1). Where the parts do not cancel (a row-wise x
+            # gradient, whose parts do not overlap; a typical sum) the two agree.
+            size = [torch.zeros_like(g) for g in got]
+            for part in row_parts(cotangents, MAGNITUDE_PARTS):
+                for total, g in zip(size, vjp(part)):
+                    total += g.square()
         finally:
             for t in present:
                 t.requires_grad_(False)
-        result = tuple(torch.empty(0) if t is None else next(got) if t.is_floating_point() else torch.empty(0, dtype=t.dtype)
-                       for t in saved)
-        result = tuple(r for r, kept in zip(result, returned) if kept)
-        return result if len(result) > 1 else result[0]  # a single gradient is returned bare
+        got, size = iter(got), iter(size)
+        scales = []
+        result = []
+        for t, kept in zip(saved, returned):
+            grad = torch.empty(0) if t is None else next(got) if t.is_floating_point() else torch.empty(0, dtype=t.dtype)
+            squares = next(size) if t is not None and t.is_floating_point() else None
+            if kept:
+                result.append(grad)
+                scales.append(back.scale * cancellation(grad, squares))
+        back.out_scales = scales
+        return tuple(result) if len(result) > 1 else result[0]  # a single gradient is returned bare
 
     back = Call(f"{call.op}_backward", grads + call.args + extra, scale=10.0 if dtype == torch.float32 else 4.0,
                 out_dtypes=[dtype if a.tensor is None else a.tensor.dtype for a, kept in zip(inputs, returned) if kept])
@@ -603,8 +653,11 @@ def check_matches(out, ref, dtype, call, scale=None, out_dtype=None):
     if isinstance(ref, tuple):
         assert isinstance(out, tuple) and len(out) == len(ref)
         for i, (o, r) in enumerate(zip(out, ref)):
-            check_matches(o, r, dtype, call, scale, call.out_dtypes[i] if call.out_dtypes else None)
+            check_matches(o, r, dtype, call, call.out_scales[i] if call.out_scales else scale,
+                          call.out_dtypes[i] if call.out_dtypes else None)
         return
+    if scale is None and call.out_scales:  # (a single gradient, returned bare)
+        scale = call.out_scales[0]
     if call.exact:
         assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
     elif ref.numel() == 0:  # e.g. the gradient of an argument that has none (an absent one, a bool mask)
