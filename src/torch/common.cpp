@@ -126,6 +126,12 @@ std::optional<int64_t> collapsed_row_stride(const at::Tensor& t) {
   return stride;
 }
 
+at::Tensor linear_rounded_once(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (x.is_cuda() || x.scalar_type() == at::kFloat) return at::linear(x, weight, bias);
+  const std::optional<at::Tensor> bias32 = bias ? std::optional(bias->to(at::kFloat)) : std::nullopt;
+  return at::linear(x.to(at::kFloat), weight.to(at::kFloat), bias32).to(x.scalar_type());
+}
+
 at::Tensor aligned16(const at::Tensor& t) {
   bool aligned = reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 && (t.dim() == 0 || t.stride(-1) == 1);
   for (int64_t d = 0; d + 1 < t.dim() && aligned; ++d) aligned = t.stride(d) * t.element_size() % 16 == 0;

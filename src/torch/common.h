@@ -107,6 +107,12 @@ void check_row_vectors(const at::Tensor& t, const char* name, const at::Tensor& 
 // not collapse into one stride.
 RowVectors row_vectors(const at::Tensor& t, const at::Tensor& x, at::Tensor& keep);
 
+// x @ weight^T + bias rounded once to x's dtype whatever x's layout (bias optional). CUDA's
+// at::linear adds the bias in the GEMM's fp32 epilogue; the CPU's rounds x @ weight^T first
+// for a strided 16-bit x (bf16 linear_gelu_tanh of a row-strided x: 3% off where the bias
+// cancels the product), so the CPU computes it in fp32.
+at::Tensor linear_rounded_once(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
 // The gelu_tanh op on x's device (elementwise.cpp; our kernel or the C++ reference, accurate in
 // the negative tail): for an op that ends in it, e.g. linear_gelu_tanh on the CPU.
 at::Tensor gelu_tanh(const at::Tensor& x);

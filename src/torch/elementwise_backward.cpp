@@ -42,7 +42,7 @@ Grads3 linear_gelu_tanh_backward(const at::Tensor& grad_out, const at::Tensor& x
                                  const at::Tensor& bias) {
   check_linear(x, weight, bias);
   check_linear_grad(grad_out, x, "x", weight);
-  const at::Tensor dh = call_gelu_tanh_backward(grad_out, at::linear(x, weight, bias));
+  const at::Tensor dh = call_gelu_tanh_backward(grad_out, linear_rounded_once(x, weight, bias));
   const at::Tensor dh2 = dh.reshape({-1, weight.size(0)});
   return {at::matmul(dh, weight), at::mm(dh2.t(), x.reshape({-1, weight.size(1)})), dh2.sum(0).to(bias.scalar_type())};
 }
@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_gated_residual
   const at::Tensor dy2 = dy.reshape_symint({rows, weight.sym_size(0)});
   return {at::matmul(dy, weight).contiguous(), at::mm(dy2.t(), x.reshape_symint({rows, weight.sym_size(1)})),
           bias ? grad_as(at::sum(dy2, {0}, false, at::kFloat), dtype) : none_grad(x),
-          gate ? reduce_like(f32(grad_out) * at::linear(x, weight, bias), *gate) : none_grad(x)};
+          gate ? reduce_like(f32(grad_out) * linear_rounded_once(x, weight, bias), *gate) : none_grad(x)};
 }
 
 }  // namespace

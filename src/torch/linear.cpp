@@ -6,9 +6,10 @@
 // when cuBLASLt cannot take the shapes): the [tokens, 4D] activation, the largest tensor of
 // the block, is written once instead of written, read and written again. Being one opaque
 // op also keeps the fusion under torch.compile, whose decomposition would split it.
-// CPU, and fp32 on CUDA: addmm, then our gelu_tanh, whose C++ reference and kernel keep the
-// negative tail (at::gelu's tanh form flushes it: -0 for -5.5e-10 at an input of -5.79;
-// at::_addmm_activation's CPU path applies the exact GELU).
+// CPU (the GEMM in fp32, rounded once: linear_rounded_once), and fp32 on CUDA: the GEMM, then
+// our gelu_tanh, whose C++ reference and kernel keep the negative tail (at::gelu's tanh form
+// flushes it: -0 for -5.5e-10 at an input of -5.79; at::_addmm_activation's CPU path applies
+// the exact GELU).
 #include <ATen/ATen.h>
 #include "torch/registration.h"
 
@@ -43,7 +44,7 @@ std::vector<c10::SymInt> out_sizes(const at::Tensor& x, const at::Tensor& weight
 
 at::Tensor linear_gelu_tanh_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   check_linear(x, weight, bias);
-  return gelu_tanh(at::linear(x, weight, bias));
+  return gelu_tanh(linear_rounded_once(x, weight, bias));
 }
 
 at::Tensor linear_gelu_tanh_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
