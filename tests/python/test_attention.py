@@ -358,6 +358,23 @@ def test_cuda_matches_the_formula(precision, dtype, shape):
 @cuda
 @pytest.mark.parametrize("precision", ["bf16", "8bit"])
 @pytest.mark.parametrize("dtype", CUDA_DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_nan_propagates(precision, dtype, d):
+    """As test_nan_propagates, on the kernels that walk the keys (200 keys, 130 rows): the NaN
+    survives the rounding of P for the tensor cores and the row sums."""
+    q, k, v = qkv((1, 1, 1, 130, 200, d), dtype, seed=9)
+    q[0, 0, 70, 5] = float("nan")
+    nan_rows = ltx_kernels.attention(*on_cuda(q, k, v), precision=precision)[0, 0].isnan().all(dim=-1)
+    expected = torch.zeros(130, dtype=torch.bool, device="cuda")
+    expected[70] = True
+    if precision == "8bit":
+        expected[64:128] = True
+    assert torch.equal(nan_rows, expected)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "8bit"])
+@pytest.mark.parametrize("dtype", CUDA_DTYPES)
 def test_cuda_matches_the_cpu_reference(precision, dtype):
     """The GPU kernel against the C++ reference (in fp32, on the same values)."""
     q, k, v = qkv((2, 4, 2, 100, 77, 128), dtype, seed=5)
