@@ -61,11 +61,8 @@ __global__ void fill_kernel(__nv_bfloat16* x, int64_t n, uint32_t seed) {
   }
 }
 
-const AttentionPrecision kPrecisions[] = {AttentionPrecision::kExact, AttentionPrecision::kInt8QK,
-                                         AttentionPrecision::kInt8QKPV};
-const char* name(AttentionPrecision p) {
-  return p == AttentionPrecision::kExact ? "bf16" : p == AttentionPrecision::kInt8QK ? "8bit" : "8bit_pv";
-}
+const AttentionPrecision kPrecisions[] = {AttentionPrecision::kExact, AttentionPrecision::kInt8QK};
+const char* name(AttentionPrecision p) { return p == AttentionPrecision::kExact ? "bf16" : "8bit"; }
 
 AttentionParams params(AttentionPrecision precision, long b, long h, long sq, long sk, long d, int arch) {
   AttentionParams p;

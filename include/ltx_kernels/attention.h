@@ -15,17 +15,6 @@
 //   s = (q8 . k8, an exact integer) * q_scale * k_scale * scale, then the mask, softmax and
 //   P v. The reference computes softmax and P v in double and rounds the output once; a GPU
 //   kernel (online softmax, P rounded for the tensor cores) is held to it with a tolerance.
-//
-// kInt8QKPV (in development, the Hopper kernel only; not yet a user-facing precision) is
-// kInt8QK's scores with P v in 8 bits too (u8 P x s8 V, exact int32 sums):
-//   v' = v - mean(v), the mean over all Sk keys per (batch, kv head, channel) as k's;
-//   per channel over all keys: amax_c = max(|v'_c|, 1e-12), v_scale_c = amax_c / 127,
-//     v8 = clamp(round_half_even(v' * (127 / amax_c)), -127, 127)
-//   the keys in steps of kPVStep; m_t = the row's running max of the scores (exact) over the
-//   keys of steps 0 .. t; for a key j of step t: p8_j = round_half_even(255 exp(s_j - m_t)), an
-//   integer in [0, 255]; with w_t = exp(m_t - m_last):
-//     out_c = v_scale_c * sum_t w_t sum_{j in t} p8_j v8_jc / (sum_t w_t sum_{j in t} p8_j) + mean_c
-//   (0 where the row's keys are all masked). The reference evaluates it in double.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +30,9 @@ namespace ltx_kernels {
 enum class AttentionPrecision : int32_t {
   kExact = 0,   // fp32 math on the inputs as they are ("bf16")
   kInt8QK = 1,  // "8bit": INT8 q and k' with per-block scales, see above
-  kInt8QKPV = 2,  // kInt8QK's scores, u8 P x s8 V (see above)
 };
 
 constexpr int kQuantBlock = 64;
-constexpr int kPVStep = 128;  // keys per step of kInt8QKPV's running max (the Hopper kernel's step)
 
 // Element strides of a [B, H, S, D] tensor whose last dim is contiguous.
 struct Strides4 {

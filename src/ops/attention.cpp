@@ -11,8 +11,7 @@ ValidationError validate(const AttentionParams& p) {
   if (p.heads_q < 1 || p.heads_kv < 1) return "head counts must be >= 1";
   if (p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
   if (p.head_dim < 1) return "head_dim must be >= 1";
-  if (p.precision != AttentionPrecision::kExact && p.precision != AttentionPrecision::kInt8QK &&
-      p.precision != AttentionPrecision::kInt8QKPV)
+  if (p.precision != AttentionPrecision::kExact && p.precision != AttentionPrecision::kInt8QK)
     return "unknown precision";
   if (p.batch == 0 || p.seq_q == 0) return nullptr;
   if (p.q == nullptr || p.out == nullptr) return "q and out must not be null";
@@ -23,8 +22,6 @@ ValidationError validate(const AttentionParams& p) {
 ValidationError cuda_support(const AttentionParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return "q, k and v must be bfloat16 or float16";
   if (p.head_dim != 64 && p.head_dim != 128) return "head_dim must be 64 or 128";
-  if (p.precision == AttentionPrecision::kInt8QKPV && !uses_hopper_kernel(p))
-    return "8-bit P V runs on the Hopper kernel only (sm_90, a build for sm_90a)";
   // Grid dimensions y and z (heads, batch) and 32-bit row indices.
   if (p.heads_q > 65535 || p.batch > 65535) return "batch and heads must be <= 65535";
   if (p.seq_q >= (int64_t{1} << 31) || p.seq_k >= (int64_t{1} << 31)) return "sequence lengths must be < 2^31";

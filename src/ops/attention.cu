@@ -226,118 +226,44 @@ __device__ __forceinline__ void load8(float (&x)[8], const T* row, int chunk) {
   for (int e = 0; e < 8; ++e) x[e] = core::to_float(v[e]);
 }
 
-// K's (IS_V: V's) per-channel sums in fp64 over one chunk of kMeanChunk keys of one (batch,
-// kv head); V's also max and min, for its per-channel scale. Thread t sums channels
-// [8 c, 8 c + 8), c = t % (D / 8), over every kRowGroups-th row; the row groups are then
-// added in a fixed order.
-template <typename T, int D, bool IS_V>
+// K's per-channel sums in fp64 over one chunk of kMeanChunk keys of one (batch, kv head).
+// Thread t sums channels [8 c, 8 c + 8), c = t % (D / 8), over every kRowGroups-th row; the
+// row groups are then added in a fixed order.
+template <typename T, int D>
 __global__ void __launch_bounds__(kQuantThreads) attention_k_sums_kernel(const AttentionParams p, const AttentionWorkspace w) {
   constexpr int kChunks = D / 8, kRowGroups = kQuantThreads / kChunks;
   __shared__ double partial[kRowGroups][D];
-  __shared__ float partial_max[IS_V ? kRowGroups : 1][D], partial_min[IS_V ? kRowGroups : 1][D];
   const int64_t b = blockIdx.z, hk = blockIdx.y;
   const int c = threadIdx.x % kChunks, group = threadIdx.x / kChunks;
-  const Strides4& strides = IS_V ? p.v_strides : p.k_strides;
-  const T* k = static_cast<const T*>(IS_V ? p.v : p.k) + b * strides.batch + hk * strides.head;
+  const T* k = static_cast<const T*>(p.k) + b * p.k_strides.batch + hk * p.k_strides.head;
   const int64_t first = blockIdx.x * kMeanChunk, last = min(first + kMeanChunk, p.seq_k);
   double sum[8] = {};
-  float hi[8], lo[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) hi[e] = -INFINITY, lo[e] = INFINITY;
   for (int64_t row = first + group; row < last; row += kRowGroups) {
     float x[8];
-    load8(x, k + row * strides.seq, c);
+    load8(x, k + row * p.k_strides.seq, c);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      sum[e] += x[e];
-      if constexpr (IS_V) hi[e] = fmaxf(hi[e], x[e]), lo[e] = fminf(lo[e], x[e]);  // (a NaN: in the sum)
-    }
+    for (int e = 0; e < 8; ++e) sum[e] += x[e];
   }
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    partial[group][8 * c + e] = sum[e];
-    if constexpr (IS_V) partial_max[group][8 * c + e] = hi[e], partial_min[group][8 * c + e] = lo[e];
-  }
+  for (int e = 0; e < 8; ++e) partial[group][8 * c + e] = sum[e];
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += kQuantThreads) {
     double total = 0.0;
-    float max_v = -INFINITY, min_v = INFINITY;
-    for (int r = 0; r < kRowGroups; ++r) {
-      total += partial[r][d];
-      if constexpr (IS_V) max_v = fmaxf(max_v, partial_max[r][d]), min_v = fminf(min_v, partial_min[r][d]);
-    }
-    const int64_t at = ((b * p.heads_kv + hk) * w.k_chunks + blockIdx.x) * D + d;
-    (IS_V ? w.v_sums : w.k_sums)[at] = total;
-    if constexpr (IS_V) w.v_max[at] = max_v, w.v_min[at] = min_v;
+    for (int r = 0; r < kRowGroups; ++r) total += partial[r][d];
+    w.k_sums[((b * p.heads_kv + hk) * w.k_chunks + blockIdx.x) * D + d] = total;
   }
 }
 
-// K's (IS_V: V's) per-channel mean: the chunks' sums added in order, in fp64, rounded once to
-// fp32; V's scale from its max and min: fl(x - mean) is monotonic in x, so the largest
-// |fl(v - mean)| over the keys is that of the max or the min, as the reference finds it. Its
-// own kernel: in each quantization block, the sums' 16+ dependent L2 reads per channel cost
-// more than the block's quantization (H100, 2 x 32 x 8064 keys at head_dim 64: 139 us vs 31
-// for q).
-template <int D, bool IS_V>
+// K's per-channel mean: the chunks' sums added in order, in fp64, rounded once to fp32. Its own
+// kernel: in each quantization block, the sums' 16+ dependent L2 reads per channel cost more
+// than the block's quantization (H100, 2 x 32 x 8064 keys at head_dim 64: 139 us vs 31 for q).
+template <int D>
 __global__ void __launch_bounds__(D) attention_k_mean_kernel(const AttentionParams p, const AttentionWorkspace w) {
   const int64_t bk = blockIdx.x;
-  const int64_t first = bk * w.k_chunks * D + threadIdx.x;
-  const double* sums = (IS_V ? w.v_sums : w.k_sums) + first;
+  const double* sums = w.k_sums + bk * w.k_chunks * D + threadIdx.x;
   double total = 0.0;
   for (int64_t chunk = 0; chunk < w.k_chunks; ++chunk) total += sums[chunk * D];
-  const float mean = static_cast<float>(total / static_cast<double>(p.seq_k));
-  if constexpr (IS_V) {
-    float max_v = -INFINITY, min_v = INFINITY;
-    for (int64_t chunk = 0; chunk < w.k_chunks; ++chunk) {
-      max_v = fmaxf(max_v, w.v_max[first + chunk * D]), min_v = fminf(min_v, w.v_min[first + chunk * D]);
-    }
-    const float amax = int8_block::amax_of(fmaxf(__fsub_rn(max_v, mean), __fsub_rn(mean, min_v)));
-    w.v_mean[bk * D + threadIdx.x] = mean;
-    w.v_scale[bk * D + threadIdx.x] = int8_block::scale_of(amax);
-    w.v_inverse[bk * D + threadIdx.x] = int8_block::inverse_of(amax);
-  } else {
-    w.k_mean[bk * D + threadIdx.x] = mean;
-  }
-}
-
-// PV8's position of key k in its group of 32 in v8t (attention_sm90.cu's pack_p): the wgmma's
-// register A operand holds P's scores of keys 16 h + 8 b + 2 t + c (its accumulator layout) at
-// k positions 16 h + 4 t + 2 b + c.
-__device__ __forceinline__ int pv_key(int k) { return 16 * (k / 16) + 4 * ((k % 8) / 2) + 2 * ((k % 16) / 8) + k % 2; }
-
-// V minus its mean, rounded to INT8 with its per-channel scale, transposed into v8t: one block
-// per kPVStep keys of one (batch, kv head), one key a thread (keys past the end: zeros),
-// staged as [D][kPVStep] bytes in shared memory, then written 16 bytes at a time.
-template <typename T, int D>
-__global__ void __launch_bounds__(kPVStep) attention_v8t_kernel(const AttentionParams p, const AttentionWorkspace w) {
-  __shared__ alignas(16) int8_t tile[D][kPVStep];
-  const int64_t b = blockIdx.z, hk = blockIdx.y, bk = b * p.heads_kv + hk;
-  const int key = blockIdx.x * kPVStep + threadIdx.x;
-  const int at = (threadIdx.x / 32) * 32 + pv_key(threadIdx.x % 32);
-  const float* mean = w.v_mean + bk * D;
-  const float* inverse = w.v_inverse + bk * D;
-  const T* row = static_cast<const T*>(p.v) + b * p.v_strides.batch + hk * p.v_strides.head + key * p.v_strides.seq;
-#pragma unroll
-  for (int c = 0; c < D / 8; ++c) {
-    float x[8] = {};
-    if (key < p.seq_k) {
-      load8(x, row, c);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = __fsub_rn(x[e], mean[8 * c + e]);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = min(max(__float2int_rn(__fmul_rn(x[e], inverse[8 * c + e])), -127), 127);
-      tile[8 * c + e][at] = key < p.seq_k ? static_cast<int8_t>(q) : int8_t{0};
-    }
-  }
-  __syncthreads();
-  int8_t* out = w.v8t + bk * D * w.v_keys + blockIdx.x * kPVStep;
-  constexpr int kRowChunks = kPVStep / 16;
-  for (int i = threadIdx.x; i < D * kRowChunks; i += kPVStep) {
-    const int d = i / kRowChunks, chunk = i % kRowChunks;
-    *reinterpret_cast<uint4*>(out + d * w.v_keys + 16 * chunk) = *reinterpret_cast<const uint4*>(&tile[d][16 * chunk]);
-  }
+  w.k_mean[bk * D + threadIdx.x] = static_cast<float>(total / static_cast<double>(p.seq_k));
 }
 
 // One block of kQuantBlock rows of one (batch, head) of q (IS_K false) or k minus its mean,
@@ -404,21 +330,15 @@ cudaError_t launch_attention(const AttentionParams& p, const AttentionWorkspace&
 template <typename T, int D>
 cudaError_t launch_typed(const AttentionParams& p, void* workspace, cudaStream_t stream) {
   const AttentionWorkspace w = attention_workspace(p, workspace);
-  const bool int8 = p.precision != AttentionPrecision::kExact;
+  const bool int8 = p.precision == AttentionPrecision::kInt8QK;
   if (int8) {
     const auto grid = [&](int64_t count, int64_t heads) {
       return dim3(static_cast<unsigned>(count), static_cast<unsigned>(heads), static_cast<unsigned>(p.batch));
     };
     if (p.seq_k > 0) {
-      const unsigned heads = static_cast<unsigned>(p.batch * p.heads_kv);
-      attention_k_sums_kernel<T, D, false><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
-      attention_k_mean_kernel<D, false><<<heads, D, 0, stream>>>(p, w);
+      attention_k_sums_kernel<T, D><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
+      attention_k_mean_kernel<D><<<static_cast<unsigned>(p.batch * p.heads_kv), D, 0, stream>>>(p, w);
       attention_quantize_kernel<T, D, true><<<grid(w.k_blocks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
-      if (p.precision == AttentionPrecision::kInt8QKPV) {
-        attention_k_sums_kernel<T, D, true><<<grid(w.k_chunks, p.heads_kv), kQuantThreads, 0, stream>>>(p, w);
-        attention_k_mean_kernel<D, true><<<heads, D, 0, stream>>>(p, w);
-        attention_v8t_kernel<T, D><<<grid(w.v_keys / kPVStep, p.heads_kv), kPVStep, 0, stream>>>(p, w);
-      }
     }
     // (the Hopper kernel quantizes q itself, tile by tile: w has no q blocks then)
     if (w.q_blocks > 0) {

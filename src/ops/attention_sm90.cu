@@ -27,8 +27,10 @@
 // previous step's P V (see the main loop). Measured and not kept (benchmarks/results/h100/
 // attention_tiles.md): a scheduler barrier making the consumer warpgroups issue their GEMMs in
 // turn (no gain), FlashAttention-4's exp2 polynomial on the FMA units for 2 or 3 of every 8
-// scores (slower). Not done: FP8 P V (emulated, its error on randn inputs reaches the 4e-2
-// bar at 4000 keys).
+// scores (slower), bf16 P rounded on the integer ALU instead of F2FP (slower: the softmax is
+// issue-bound), u8 P x s8 V (twice: the int32-to-fp32 work per step costs more than the
+// narrower GEMM saves, attention_fa3_fp8_design.md). Not done: FP8 P V (emulated, its error
+// on randn inputs reaches the 4e-2 bar at 4000 keys).
 // (the wgmma atoms whose N is not a multiple of 16, for O += P V with the row-sum columns)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cuda_bf16.h>
@@ -96,16 +98,13 @@ struct TileShape {
 // A consumer's Q buffer holds its 64 rows of q as loaded (16-bit, Q16Tile); the 8-bit method
 // rounds them to INT8 in place, the QTile layout over the buffer's first half, which Q K^T
 // reads (see quantize_q), with the amax partials of its four warps after the barriers.
-// 8-bit P V (PV8): the V tile is v8t's [D, kBlockN] block (K-major: the B operand of a u8 x s8
-// wgmma must be), no ones block (the row sums are integer byte sums of P's registers).
-template <int D, bool INT8, bool PV8, class SHAPE>
+template <int D, bool INT8, class SHAPE>
 struct Layout {
-  static_assert(INT8 || !PV8, "8-bit P V comes with INT8 scores");
   static constexpr int kQKRow = D * (INT8 ? 1 : 2);
   using QTile = core::SmemTile<kRowsPerConsumer, kQKRow>;
   using Q16Tile = core::SmemTile<kRowsPerConsumer, D * 2>;
   using KTile = core::SmemTile<SHAPE::kBlockN, kQKRow>;
-  using VTile = std::conditional_t<PV8, core::SmemTile<D, SHAPE::kBlockN>, core::SmemTile<SHAPE::kBlockN, D * 2>>;
+  using VTile = core::SmemTile<SHAPE::kBlockN, D * 2>;
   static constexpr int kOnesBytes = SHAPE::kBlockN * VTile::kWidth;  // one column block
   static constexpr int bytes(int ones) {
     return 1024 /* base alignment */ + SHAPE::kConsumers * Q16Tile::kBytes +
@@ -113,7 +112,7 @@ struct Layout {
            (INT8 ? 16 * SHAPE::kConsumers : 0);
   }
   static constexpr int kMaxSmem = 227 * 1024;  // sm_90's dynamic shared memory per block
-  static constexpr int kSumCols = !PV8 && bytes(kOnesBytes) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
+  static constexpr int kSumCols = bytes(kOnesBytes) <= kMaxSmem ? 8 : 0;  // 8: wgmma's N granularity
   static constexpr int kStageBytes = KTile::kBytes + VTile::kBytes + (kSumCols > 0 ? kOnesBytes : 0);
   static constexpr int kLoadBytes = KTile::kBytes + VTile::kBytes;  // a stage's TMA bytes (no ones)
   static constexpr int kSmem = bytes(kStageBytes - kLoadBytes);
@@ -138,23 +137,6 @@ __device__ __forceinline__ float got(float x) { return x; }
 __device__ __forceinline__ float got(uint32_t x) { return __uint_as_float(x); }
 
 using core::fast_exp2;
-
-// Two probabilities (>= 0, or NaN) rounded to T and packed, a in the low half. bf16 on the
-// integer ALU: the top 16 bits of an fp32 after adding half of their last unit (round half
-// up, which for P >= 0 is round to nearest, ties away; inf stays inf), the sum capped at the
-// largest NaN's bits so that a NaN's carry cannot reach the sign (the exponentials' NaN is
-// 0x7fffffff): one add-and-min a value and one byte permute a pair, where the conversion
-// unit's F2FP (a fraction of the ALU's rate on Hopper) would add a fifth to the SFU-bound
-// softmax's issue at head_dim 64.
-template <typename T>
-__device__ __forceinline__ uint32_t pack_p2(float a, float b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __byte_perm(__viaddmin_u32(__float_as_uint(a), 0x8000u, 0x7fffffffu),
-                       __viaddmin_u32(__float_as_uint(b), 0x8000u, 0x7fffffffu), 0x7632);
-  } else {
-    return core::pack2<T>(a, b);
-  }
-}
 
 // The wgmma descriptor of an operand held in TILE, as its two 32-bit words: the high one (the
 // 8-row core-matrix groups 8 * W bytes apart, the swizzle) is the same for every tile of the
@@ -208,20 +190,15 @@ using QKMma = std::conditional_t<
 template <typename T, int N, gmma::Major V_MAJOR>
 using PVMma = decltype(gmma::rs_op_selector<CuteType<T>, CuteType<T>, float, cute::Shape<cute::_64, cute::Int<N>, cute::_16>,
                                             gmma::Major::K, V_MAJOR>());
-// 8-bit P V: u8 P (registers) x s8 V^T (K-major), k32, exact int32 sums.
-template <int N>
-using PV8Mma = decltype(gmma::rs_op_selector<uint8_t, int8_t, int32_t, cute::Shape<cute::_64, cute::Int<N>, cute::_32>,
-                                             gmma::Major::K, gmma::Major::K>());
 
 // The atoms take each accumulator register as an argument.
 template <class MMA, typename Acc, size_t... I>
 __device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, Acc* d, gmma::ScaleOut scale, std::index_sequence<I...>) {
   MMA::fma(a, b, d[I]..., scale);
 }
-template <class MMA, typename Acc, size_t... I>
-__device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, Acc* d, std::index_sequence<I...>,
-                                       gmma::ScaleOut scale = gmma::ScaleOut::One) {
-  MMA::fma(a[0], a[1], a[2], a[3], b, d[I]..., scale);
+template <class MMA, size_t... I>
+__device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float* d, std::index_sequence<I...>) {
+  MMA::fma(a[0], a[1], a[2], a[3], b, d[I]..., gmma::ScaleOut::One);
 }
 
 template <typename Acc, int N>
@@ -250,7 +227,7 @@ __device__ __forceinline__ void tma_tile(const CUtensorMap& map, uint64_t* bar, 
   }
 }
 
-template <typename T, int D, bool INT8, bool PV8, class SHAPE>
+template <typename T, int D, bool INT8, class SHAPE>
 __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     attention_sm90_kernel(const AttentionParams p, const AttentionWorkspace w, const __grid_constant__ TmaMaps maps) {
 #if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
@@ -261,7 +238,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   constexpr int kNTiles = kBlockN / 8;  // 8-key column tiles of S
   constexpr int kKBlocks = kBlockN / kQuantBlock;  // 64-key blocks (the k scales') per step
   constexpr int kPerBlock = kQuantBlock / 2;        // a thread's scores in one such block
-  using L = Layout<D, INT8, PV8, SHAPE>;
+  using L = Layout<D, INT8, SHAPE>;
   using QTile = typename L::QTile;
   using Q16Tile = typename L::Q16Tile;
   using KTile = typename L::KTile;
@@ -269,8 +246,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   constexpr int kQKSteps = L::kQKRow / 32;  // wgmma k-steps over head_dim: 32 bytes each
   constexpr int kSumCols = L::kSumCols, kStageBytes = L::kStageBytes;
   constexpr int kOCols = D + kSumCols;  // O's columns, then the row sums (if on the tensor cores)
-  static_assert(!PV8 || kBlockN == kPVStep, "PV8's steps are the method's (and |P V| < 2^22 a step)");
-  constexpr int kPSteps = kBlockN / (PV8 ? 32 : 16);  // P V's wgmma k-steps a step (keys 32 or 16 each)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   char* s_q = smem;                                  // kConsumers Q tiles
@@ -350,11 +325,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
         Barrier::arrive_and_expect_tx(&full[stage], L::kLoadBytes);
         char* s_k = s_stage + stage * kStageBytes;
         tma_tile<KTile, QK>(maps.k, &full[stage], s_k, step * kBlockN, at.hk, at.b);
-        if constexpr (PV8) {  // v8t's [D, kBlockN] block: rows are channels, columns keys
-          tma_tile<VTile, int8_t>(maps.v, &full[stage], s_k + KTile::kBytes, 0, at.hk, at.b, step * kBlockN);
-        } else {
-          tma_tile<VTile, T>(maps.v, &full[stage], s_k + KTile::kBytes, step * kBlockN, at.hk, at.b);
-        }
+        tma_tile<VTile, T>(maps.v, &full[stage], s_k + KTile::kBytes, step * kBlockN, at.hk, at.b);
         // (the first K and V before Q, as FlashAttention-3 orders them: their stage frees up
         // while the previous tile still runs, Q only at its last step)
         if (step == 0) load_q();
@@ -374,8 +345,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   const Desc<QTile> q_desc = Desc<QTile>::of(smem16 + c * (Q16Tile::kBytes >> 4));
   constexpr uint32_t kStage16 = (kConsumers * Q16Tile::kBytes) >> 4;  // stage 0
   const Desc<KTile> k_desc0 = Desc<KTile>::of(smem16 + kStage16);
-  using VDesc = Desc<VTile, !PV8>;  // 16-bit V MN-major, v8t K-major
-  const VDesc v_desc0 = VDesc::of(smem16 + kStage16 + (KTile::kBytes >> 4));
+  const Desc<VTile, true> v_desc0 = Desc<VTile, true>::of(smem16 + kStage16 + (KTile::kBytes >> 4));
   // The tile's state, set at its start (the functions below refer to it): its batch and
   // heads, first row, score factor (INT8: with q's block scale), k scales and mask; rows g and
   // g + 8 of this warp's 16: running max (log2 units), this thread's partial row sum where the
@@ -385,8 +355,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   int h = 0, hk = 0, m0 = 0, row_lo = 0;
   float q_factor = 0.0f;
   const float* k_scale = nullptr;
-  const float* v_scale = nullptr;  // PV8: v8t's per-channel scales and V's mean
-  const float* v_mean = nullptr;
   const float* mask = nullptr;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   float o[kOCols / 2] = {};
@@ -402,18 +370,12 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     }
     cute::warpgroup_commit_batch();
   };
-  // O += P V of one step, issued without waiting; P stays in registers the wgmma reads. PV8:
-  // the step's integer P V into `step_o` (zeroed by the first k-step), which the caller adds to O.
-  auto issue_pv = [&](uint32_t (&pa)[kPSteps][4], int stage, uint32_t* step_o) {
-    const VDesc v_desc = v_desc0.plus(stage * kStageBytes);
+  // O += P V of one step, issued without waiting; P stays in registers the wgmma reads.
+  auto issue_pv = [&](uint32_t (&pa)[kBlockN / 16][4], int stage) {
+    const Desc<VTile, true> v_desc = v_desc0.plus(stage * kStageBytes);
 #pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      if constexpr (PV8) {
-        mma_rs<PV8Mma<D>>(pa[kk], v_desc.at(32 * kk), step_o, std::make_index_sequence<D / 2>{},
-                          kk == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One);
-      } else {
-        mma_rs<PVMma<T, kOCols, gmma::Major::MN>>(pa[kk], v_desc.row(16 * kk), o, std::make_index_sequence<kOCols / 2>{});
-      }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      mma_rs<PVMma<T, kOCols, gmma::Major::MN>>(pa[kk], v_desc.row(16 * kk), o, std::make_index_sequence<kOCols / 2>{});
     }
     cute::warpgroup_commit_batch();
   };
@@ -431,13 +393,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
   // The online softmax of one step's scores, in place: each score becomes exp2(score - new
   // max), row_max moves on, alpha is the factor by which O (and its row sums) must shrink. It reads
   // only S, so it runs while the previous step's P V is still in flight.
-  // PV8: P's unit in the exponent (exp2(kPOne) = 255: P 1 is byte 255), each exponential then
-  // plus 2^23 + 2^22, which rounds it to an integer (to nearest, ties to even) in its low
-  // byte: the byte pack_p takes, where a conversion unit's F2I would compete with the SFU.
-  // The row max propagates NaN there (see below).
-  constexpr float kPOne = PV8 ? 7.99435343685885793f : 0.0f;  // log2(255)
-  const auto p_value = [](float e) { return PV8 ? e + kMagicValue : e; };
-  const auto row_max_op = [](float a, float b) { return PV8 ? core::NanMax{}(a, b) : fmaxf(a, b); };
   auto softmax = [&](Acc (&s)[kBlockN / 2], int step, const float (&factor)[kKBlocks], float (&alpha)[2]) {
     // Scores in log2 units, masked: element 4 i + e is row row_lo + 8 (e / 2), key
     // n0 + 8 i + 2 tig + e % 2. Only a step with a mask or the sequence's end checks keys.
@@ -475,7 +430,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       for (int i = 0; i < kBlockN / 2; ++i) {
         const float x = to_float(s[i]) * factor[8 * (i / 4) / kQuantBlock];
         put(s[i], x);
-        step_max[(i % 4) / 2] = row_max_op(step_max[(i % 4) / 2], x);
+        step_max[(i % 4) / 2] = fmaxf(step_max[(i % 4) / 2], x);
       }
     } else {
       // (a loop of its own, each key check a select: inside a branch shared with the loop
@@ -489,7 +444,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
           if (mask != nullptr && row < seq_q && key < seq_k) x += mask[row * p.mask_strides.seq + key] * kLog2e;
           x = key < seq_k ? x : -INFINITY;
           put(s[4 * i + e], x);
-          step_max[e / 2] = row_max_op(step_max[e / 2], x);
+          step_max[e / 2] = fmaxf(step_max[e / 2], x);
         }
       }
     }
@@ -497,15 +452,12 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     // FlashAttention-4's lazy rescaling): the exponentials stay <= 2^kMaxSlack, which fp32
     // sums and 16-bit P hold with the same relative precision, and O is rescaled only in the
     // few steps where a row's max moves (alpha 1 elsewhere).
-    // PV8 rounds P to 1/255 of the running max: that max is exact (no slack), and a NaN score
-    // (which P's bytes cannot hold) sticks in it, for the epilogue to make the row NaN.
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      step_max[r] = row_max_op(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 1));
-      step_max[r] = row_max_op(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 2));
-      const bool moves = PV8 ? (step_max[r] > row_max[r] || step_max[r] != step_max[r])
-                             : step_max[r] > row_max[r] + kMaxSlack;  // (-inf + slack is -inf)
+      step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 1));
+      step_max[r] = fmaxf(step_max[r], __shfl_xor_sync(0xffffffffu, step_max[r], 2));
+      const bool moves = step_max[r] > row_max[r] + kMaxSlack;  // (-inf + slack is -inf)
       const float old = row_max[r];
       if (moves) row_max[r] = step_max[r];
       // A row with every key so far masked keeps -inf; exp2 of its scores must give 0, not NaN.
@@ -520,13 +472,12 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
           // x = 2^23 + 2^22 + s exactly (to_float without its subtraction), so that
           // s f - base = x f - (12582912 f + base): one integer add and one FMA per score.
           // The constant's rounding (< 1 ulp of 12582912 f) is below one unit of the score.
-          const float shift[2] = {fmaf(kMagicValue, factor[kb], base[0] - kPOne),
-                                  fmaf(kMagicValue, factor[kb], base[1] - kPOne)};
+          const float shift[2] = {fmaf(kMagicValue, factor[kb], base[0]), fmaf(kMagicValue, factor[kb], base[1])};
 #pragma unroll
           for (int j = 0; j < kPerBlock; ++j) {
             Acc& slot = s[kb * kPerBlock + j];
             const float x = __int_as_float(static_cast<int>(slot) + kMagic);
-            put(slot, p_value(fast_exp2(fmaf(x, factor[kb], -shift[(j % 4) / 2]))));
+            put(slot, fast_exp2(fmaf(x, factor[kb], -shift[(j % 4) / 2])));
           }
         } else {
 #pragma unroll
@@ -538,54 +489,25 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < kBlockN / 2; ++i) put(s[i], p_value(fast_exp2(got(s[i]) - (base[(i % 4) / 2] - kPOne))));
+      for (int i = 0; i < kBlockN / 2; ++i) put(s[i], fast_exp2(got(s[i]) - base[(i % 4) / 2]));
     }
-    if constexpr (kSumCols == 0 && !PV8) {  // (PV8: pack_p sums P's bytes)
+    if constexpr (kSumCols == 0) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) row_sum[(i % 4) / 2] += got(s[i]);
     }
   };
   // P as the A fragments of k-steps of 16 keys: the accumulator layout of two adjacent 8-key
   // tiles is the A layout of one k-step.
-  // PV8: the A fragment of a 32-key k-step holds, in register 2 h + r (r: row g + 8 r), the
-  // bytes of 4 keys at the wgmma's k positions 16 h + 4 tig .. + 3; the thread's scores there
-  // are those of its 8-key tiles 2 h and 2 h + 1 (keys 16 h + 2 tig + {0, 1} and + 8), in
-  // that order. v8t's keys are stored in the same order (pv_key), so the products pair up.
-  // Each register's bytes are also summed into the row's share of the step's P sum.
-  auto pack_p = [&](const Acc (&p_tile)[kBlockN / 2], uint32_t (&pa)[kPSteps][4]) {
-    if constexpr (PV8) {
-      uint32_t sums[2] = {0u, 0u};
+  auto pack_p = [&](const Acc (&p_tile)[kBlockN / 2], uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int e = 16 * kk + 8 * h + 2 * r;
-            const uint32_t lo = __byte_perm(p_tile[e], p_tile[e + 1], 0x0040);
-            const uint32_t hi = __byte_perm(p_tile[e + 4], p_tile[e + 5], 0x0040);
-            pa[kk][2 * h + r] = __byte_perm(lo, hi, 0x5410);
-            sums[r] = __dp4a(pa[kk][2 * h + r], 0x01010101u, sums[r]);
-          }
-        }
-      }
-      row_sum[0] += to_float(sums[0]), row_sum[1] += to_float(sums[1]);  // (< 2^14: exact)
-    } else {
-#pragma unroll
-      for (int i = 0; i < kNTiles; ++i) {
-        pa[i / 2][2 * (i % 2)] = pack_p2<T>(got(p_tile[4 * i]), got(p_tile[4 * i + 1]));
-        pa[i / 2][2 * (i % 2) + 1] = pack_p2<T>(got(p_tile[4 * i + 2]), got(p_tile[4 * i + 3]));
-      }
+    for (int i = 0; i < kNTiles; ++i) {
+      pa[i / 2][2 * (i % 2)] = core::pack2<T>(got(p_tile[4 * i]), got(p_tile[4 * i + 1]));
+      pa[i / 2][2 * (i % 2) + 1] = core::pack2<T>(got(p_tile[4 * i + 2]), got(p_tile[4 * i + 3]));
     }
   };
-  auto fence_p = [](uint32_t (&pa)[kPSteps][4]) {
+  auto fence_p = [](uint32_t (&pa)[kBlockN / 16][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) fence_operands(pa[kk]);
-  };
-  // PV8: a step's integer P V (|sum| <= 128 * 255 * 127 < 2^22: to_float is exact) into O.
-  auto add_step_o = [&](const uint32_t (&step_o)[D / 2]) {
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] += to_float(step_o[i]);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) fence_operands(pa[kk]);
   };
   // This warp is done with a stage (its wgmma reads completed): one arrival.
   auto release = [&](int stage) {
@@ -646,7 +568,6 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     row_lo = m0 + 16 * warp + g;
     q_factor = p.scale * kLog2e;
     k_scale = INT8 ? w.k_scale + (b * p.heads_kv + hk) * w.k_blocks : nullptr;
-    if constexpr (PV8) v_scale = w.v_scale + (b * p.heads_kv + hk) * D, v_mean = w.v_mean + (b * p.heads_kv + hk) * D;
     mask = p.mask ? p.mask + b * p.mask_strides.batch + h * p.mask_strides.head : nullptr;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.0f;
@@ -661,7 +582,7 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
     // S and its exponentials live within one step (declared there, so that nothing keeps the
     // last step's values alive); P is carried to the next. Q is released after the tile's last
     // Q K^T lands, so that the next tile's Q loads under this one's last softmax and P V.
-    uint32_t pa[kPSteps][4];
+    uint32_t pa[kBlockN / 16][4];
     if (steps > 0) {  // no keys: O stays 0, the row sums 0
       Acc s[kBlockN / 2];  // no zeroing: the first k-step overwrites (ScaleOut::Zero)
       float alpha[2];
@@ -681,15 +602,13 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
         if (++stage == kStages) stage = 0, phase ^= 1;
         Acc s[kBlockN / 2];
         float alpha[2];
-        uint32_t step_o[D / 2];  // PV8 only
         Barrier::wait(&full[stage], phase);
         fence_operands(s);
         fence_p(pa);
         fence_operands(o);
-        if constexpr (PV8) fence_operands(step_o);
         cute::warpgroup_arrive();
         issue_qk(s, stage);
-        issue_pv(pa, prev, step_o);
+        issue_pv(pa, prev);
         float factor[kKBlocks];
         step_factors(step, factor);
         cute::warpgroup_wait<1>();  // S of this step (batches complete in order)
@@ -700,30 +619,20 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
         fence_p(pa);
         fence_operands(o);
         release(prev);
-        if constexpr (PV8) {
-          fence_operands(step_o);
-          add_step_o(step_o);
-        }
         if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // (warp-uniform)
 #pragma unroll
           for (int i = 0; i < kOCols / 2; ++i) o[i] *= alpha[(i % 4) / 2];
         }
         pack_p(s, pa);
       }
-      uint32_t step_o[D / 2];  // PV8 only
       fence_p(pa);
       fence_operands(o);
-      if constexpr (PV8) fence_operands(step_o);
       cute::warpgroup_arrive();
-      issue_pv(pa, stage, step_o);
+      issue_pv(pa, stage);
       cute::warpgroup_wait<0>();
       fence_p(pa);
       fence_operands(o);
       release(stage);
-      if constexpr (PV8) {
-        fence_operands(step_o);
-        add_step_o(step_o);
-      }
       if (++stage == kStages) stage = 0, phase ^= 1;
     } else {
       release_q();
@@ -739,20 +648,14 @@ __global__ void __launch_bounds__(SHAPE::kThreads, 1)
         total = row_sum[r];
         total += __shfl_xor_sync(0xffffffffu, total, 1);
         total += __shfl_xor_sync(0xffffffffu, total, 2);
-        if (PV8 && row_max[r] != row_max[r]) total = NAN;  // a NaN score (P's bytes lost it)
       }
       const int row = row_lo + 8 * r;
       if (row >= seq_q) continue;
       const float inv = 1.0f / total;  // NaN scores propagate; a fully masked row (total 0) gets 0
 #pragma unroll
       for (int tt = 0; tt < D / 8; ++tt) {
-        float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
-        float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
-        if constexpr (PV8) {  // v = v8 v_scale + mean, per channel
-          const float2 scale = *reinterpret_cast<const float2*>(v_scale + 8 * tt + 2 * tig);
-          const float2 mean = *reinterpret_cast<const float2*>(v_mean + 8 * tt + 2 * tig);
-          if (total != 0.0f) x0 = fmaf(x0, scale.x, mean.x), x1 = fmaf(x1, scale.y, mean.y);
-        }
+        const float x0 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r] * inv;
+        const float x1 = total == 0.0f ? 0.0f : o[4 * tt + 2 * r + 1] * inv;
         *reinterpret_cast<uint32_t*>(out + row * p.out_strides.seq + 8 * tt + 2 * tig) = core::pack2<T>(x0, x1);
       }
     }
@@ -955,9 +858,9 @@ cudaError_t tma_map(CUtensorMap* map, const void* base, int elem_bytes, int64_t 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int D, bool INT8, bool PV8, class SHAPE>
+template <typename T, int D, bool INT8, class SHAPE>
 cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  using L = Layout<D, INT8, PV8, SHAPE>;
+  using L = Layout<D, INT8, SHAPE>;
   using Q16Tile = typename L::Q16Tile;
   using KTile = typename L::KTile;
   using VTile = typename L::VTile;
@@ -973,10 +876,7 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
     } else {
       error = tma_map(&maps.k, p.k, 2, D, p.seq_k, p.heads_kv, p.batch, p.k_strides, kBlockN, KTile::kWidth);
     }
-    if (error == cudaSuccess && PV8) {  // v8t [B, Hkv, D, v_keys]: boxes of D channels x kBlockN keys
-      const Strides4 v{p.heads_kv * D * w.v_keys, D * w.v_keys, w.v_keys};
-      error = tma_map(&maps.v, w.v8t, 1, w.v_keys, D, p.heads_kv, p.batch, v, D, VTile::kWidth);
-    } else if (error == cudaSuccess) {
+    if (error == cudaSuccess) {
       error = tma_map(&maps.v, p.v, 2, D, p.seq_k, p.heads_kv, p.batch, p.v_strides, kBlockN, VTile::kWidth);
     }
   }
@@ -985,9 +885,9 @@ cudaError_t launch_kernel(const AttentionParams& p, const AttentionWorkspace& w,
   const int64_t tiles = host_util::ceil_div(p.seq_q, SHAPE::kBlockM) * p.heads_q * p.batch;
   if (tiles > INT_MAX) return cudaErrorInvalidValue;
   int ctas = 0;
-  error = persistent_grid<attention_sm90_kernel<T, D, INT8, PV8, SHAPE>>(SHAPE::kThreads, kSmem, &ctas);
+  error = persistent_grid<attention_sm90_kernel<T, D, INT8, SHAPE>>(SHAPE::kThreads, kSmem, &ctas);
   if (error != cudaSuccess) return error;
-  attention_sm90_kernel<T, D, INT8, PV8, SHAPE><<<static_cast<unsigned>(tiles < ctas ? tiles : ctas), SHAPE::kThreads, kSmem, stream>>>(p, w, maps);
+  attention_sm90_kernel<T, D, INT8, SHAPE><<<static_cast<unsigned>(tiles < ctas ? tiles : ctas), SHAPE::kThreads, kSmem, stream>>>(p, w, maps);
   return cudaGetLastError();
 }
 
@@ -1012,22 +912,18 @@ bool wide_tile_pays(const AttentionParams& p) {
   return wave_rows(WideTile::kBlockM) * 10 <= wave_rows(NarrowTile::kBlockM) * 11;
 }
 
-template <typename T, int D, bool INT8, bool PV8 = false>
+template <typename T, int D, bool INT8>
 cudaError_t launch_shape(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  // (PV8: two consumers; three spill, at 160 registers a thread, the step's integer P V)
-  if constexpr (D == 64 && !PV8) {
-    if (wide_tile_pays(p)) return launch_kernel<T, D, INT8, PV8, WideTile>(p, w, stream);
+  if constexpr (D == 64) {
+    if (wide_tile_pays(p)) return launch_kernel<T, D, INT8, WideTile>(p, w, stream);
   }
-  return launch_kernel<T, D, INT8, PV8, NarrowTile>(p, w, stream);
+  return launch_kernel<T, D, INT8, NarrowTile>(p, w, stream);
 }
 
 template <typename T, int D>
 cudaError_t launch_typed(const AttentionParams& p, const AttentionWorkspace& w, cudaStream_t stream) {
-  switch (p.precision) {
-    case AttentionPrecision::kInt8QK: return launch_shape<T, D, true>(p, w, stream);
-    case AttentionPrecision::kInt8QKPV: return launch_shape<T, D, true, true>(p, w, stream);
-    default: return launch_shape<T, D, false>(p, w, stream);
-  }
+  return p.precision == AttentionPrecision::kInt8QK ? launch_shape<T, D, true>(p, w, stream)
+                                                    : launch_shape<T, D, false>(p, w, stream);
 }
 
 template <typename T>

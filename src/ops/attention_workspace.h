@@ -59,18 +59,6 @@ struct AttentionWorkspace {
   float* k_scale = nullptr;  // [B, Hkv, k_blocks]
   double* k_sums = nullptr;  // [B, Hkv, k_chunks, D]
   float* k_mean = nullptr;   // [B, Hkv, D]
-  // kInt8QKPV: V's per-channel sums, max and min over the same chunks, its mean and scale per
-  // channel, and v8 transposed, [B, Hkv, D, v_keys] (v_keys: whole kPVStep steps, padding 0),
-  // the keys of each 32 in the order the wgmma's register A operand reads P (see
-  // attention_sm90.cu: pv_key).
-  int64_t v_keys = 0;
-  double* v_sums = nullptr;  // [B, Hkv, k_chunks, D]
-  float* v_max = nullptr;    // [B, Hkv, k_chunks, D]
-  float* v_min = nullptr;    // [B, Hkv, k_chunks, D]
-  float* v_mean = nullptr;   // [B, Hkv, D]
-  float* v_scale = nullptr;  // [B, Hkv, D]
-  float* v_inverse = nullptr;  // [B, Hkv, D]: 127 / amax, the rounding's factor
-  int8_t* v8t = nullptr;     // [B, Hkv, D, v_keys]
   // The decode kernel's partial results per chunk of keys, in log2 units: each row's max, sum
   // of exponentials (NaN for a row that met a NaN score) and unnormalized output.
   int64_t decode_chunks = 0;
@@ -98,7 +86,7 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
     w.part_out = reinterpret_cast<float*>(take(rows * p.head_dim * 4));
     return w;
   }
-  if (p.precision == AttentionPrecision::kExact) return w;
+  if (p.precision != AttentionPrecision::kInt8QK) return w;
   // (the Hopper kernel quantizes each tile's q in shared memory: no q blocks here)
   w.q_blocks = uses_hopper_kernel(p) ? 0 : host_util::ceil_div(p.seq_q, kQuantBlock);
   w.k_blocks = host_util::ceil_div(p.seq_k, kQuantBlock);
@@ -109,15 +97,6 @@ inline AttentionWorkspace attention_workspace(const AttentionParams& p, void* ba
   w.k_scale = reinterpret_cast<float*>(take(bk * w.k_blocks * 4));
   w.k_sums = reinterpret_cast<double*>(take(bk * w.k_chunks * p.head_dim * 8));
   w.k_mean = reinterpret_cast<float*>(take(bk * p.head_dim * 4));
-  if (p.precision != AttentionPrecision::kInt8QKPV) return w;
-  w.v_keys = host_util::ceil_div(p.seq_k, int64_t{kPVStep}) * kPVStep;
-  w.v_sums = reinterpret_cast<double*>(take(bk * w.k_chunks * p.head_dim * 8));
-  w.v_max = reinterpret_cast<float*>(take(bk * w.k_chunks * p.head_dim * 4));
-  w.v_min = reinterpret_cast<float*>(take(bk * w.k_chunks * p.head_dim * 4));
-  w.v_mean = reinterpret_cast<float*>(take(bk * p.head_dim * 4));
-  w.v_scale = reinterpret_cast<float*>(take(bk * p.head_dim * 4));
-  w.v_inverse = reinterpret_cast<float*>(take(bk * p.head_dim * 4));
-  w.v8t = reinterpret_cast<int8_t*>(take(bk * p.head_dim * w.v_keys));
   return w;
 }
 

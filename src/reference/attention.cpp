@@ -1,6 +1,5 @@
 // CPU reference of attention (include/ltx_kernels/attention.h): the exact formula, or the
-// 8-bit method's quantization of q and k followed by exact softmax and P v, in double; for
-// kInt8QKPV, v's quantization and P's per step as well.
+// 8-bit method's quantization of q and k followed by exact softmax and P v, in double.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -63,77 +62,12 @@ void subtract_channel_mean(std::vector<float>& k, int64_t rows, int64_t dim) {
   }
 }
 
-// kInt8QKPV's v: v - its channel mean (as k's), rounded to INT8 with one scale per channel
-// over all the rows.
-struct Int8Channels {
-  std::vector<float> values;  // rows x dim, exact integers
-  std::vector<float> scale, mean;  // per channel
-};
-
-Int8Channels quantize_int8_channels(std::vector<float> v, int64_t rows, int64_t dim) {
-  Int8Channels q{std::vector<float>(v.size()), std::vector<float>(static_cast<size_t>(dim)),
-                 std::vector<float>(static_cast<size_t>(dim))};
-  for (int64_t d = 0; d < dim; ++d) {
-    double sum = 0.0;
-    for (int64_t r = 0; r < rows; ++r) sum += v[r * dim + d];
-    q.mean[d] = rows > 0 ? static_cast<float>(sum / static_cast<double>(rows)) : 0.0f;
-  }
-  subtract_channel_mean(v, rows, dim);
-  for (int64_t d = 0; d < dim; ++d) {
-    float amax = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float a = std::fabs(v[r * dim + d]);
-      amax = (a > amax || std::isnan(a)) ? a : amax;
-    }
-    amax = (amax > kMinAmax || std::isnan(amax)) ? amax : kMinAmax;
-    const float inv = 127.0f / amax;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float x = std::nearbyint(v[r * dim + d] * inv);
-      q.values[r * dim + d] = std::isnan(x) ? x : std::clamp(x, -127.0f, 127.0f);
-    }
-    q.scale[d] = amax / 127.0f;
-  }
-  return q;
-}
-
-// One row of kInt8QKPV's P v (attention.h): the scores' running max per step of kPVStep keys,
-// P rounded to integers in [0, 255] against it, their products with v8 summed per step and
-// the steps' sums rescaled to the last max.
-void int8_pv_row(const std::vector<double>& scores, const Int8Channels& v8, int64_t dim, std::vector<double>& out) {
-  const double kInf = std::numeric_limits<double>::infinity();
-  const int64_t keys = static_cast<int64_t>(scores.size());
-  std::vector<double> acc(static_cast<size_t>(dim), 0.0);
-  double total = 0.0, running = -kInf;
-  for (int64_t start = 0; start < keys; start += kPVStep) {
-    const int64_t end = std::min(keys, start + int64_t{kPVStep});
-    double m = running;
-    for (int64_t j = start; j < end; ++j) m = (scores[j] > m || std::isnan(scores[j])) ? scores[j] : m;
-    if (m != running && running != -kInf) {  // (a NaN max makes the rescale NaN: the row is NaN)
-      const double w = std::exp(running - m);
-      total *= w;
-      for (double& a : acc) a *= w;
-    }
-    running = m;
-    if (m == -kInf) continue;  // every key so far masked: P is 0
-    for (int64_t j = start; j < end; ++j) {
-      const double p8 = std::nearbyint(255.0 * std::exp(scores[j] - m));
-      if (p8 == 0.0) continue;
-      total += p8;
-      for (int64_t d = 0; d < dim; ++d) acc[d] += p8 * v8.values[j * dim + d];
-    }
-  }
-  for (int64_t d = 0; d < dim; ++d) {
-    out[d] = total == 0.0 ? 0.0 : static_cast<double>(v8.scale[d]) * acc[d] / total + v8.mean[d];
-  }
-}
-
 }  // namespace
 
 void reference(const AttentionParams& p) {
   if (ValidationError error = validate(p)) throw std::invalid_argument(error);
   const int64_t dim = p.head_dim, group = p.heads_q / p.heads_kv;
-  const bool int8 = p.precision != AttentionPrecision::kExact;
-  const bool int8_pv = p.precision == AttentionPrecision::kInt8QKPV;
+  const bool int8 = p.precision == AttentionPrecision::kInt8QK;
   std::vector<double> scores(static_cast<size_t>(p.seq_k)), acc(static_cast<size_t>(dim));
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
@@ -144,7 +78,6 @@ void reference(const AttentionParams& p) {
         subtract_channel_mean(k, p.seq_k, dim);
         k8 = quantize_int8_blocks(k, p.seq_k, dim);
       }
-      const Int8Channels v8 = int8_pv ? quantize_int8_channels(v, p.seq_k, dim) : Int8Channels{};
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const std::vector<float> q = load_head(p.q, p.q_strides, p.dtype, b, h, p.seq_q, dim);
         const Int8Rows q8 = int8 ? quantize_int8_blocks(q, p.seq_q, dim) : Int8Rows{};
@@ -165,10 +98,7 @@ void reference(const AttentionParams& p) {
           }
           std::fill(acc.begin(), acc.end(), 0.0);
           double total = 0.0;
-          if (int8_pv) {
-            int8_pv_row(scores, v8, dim, acc);
-            total = 1.0;  // (normalized already)
-          } else if (row_max != -std::numeric_limits<double>::infinity()) {  // else: every key masked, out 0
+          if (row_max != -std::numeric_limits<double>::infinity()) {  // else: every key masked, out 0
             for (int64_t j = 0; j < p.seq_k; ++j) {
               const double e = std::exp(scores[j] - row_max);
               total += e;

@@ -64,45 +64,6 @@ TEST(AttentionReference, Int8KeySmoothingKeepsAConstantKeyOffsetExact) {
   EXPECT_NEAR(out[1], 3.0f, 1e-6);
 }
 
-TEST(AttentionReference, Int8PVRoundsVPerChannelAndPPerStep) {
-  // Equal scores: every P is byte 255 whatever the step, so the output is the mean of v as
-  // rounded, v8 * v_scale + mean, per channel. Channel 0: 0, 1, 2, 3 (mean 1.5, amax 1.5:
-  // v8 = round(-127, -42.33, 42.33, 127) = -127, -42, 42, 127): the mean again, exactly.
-  // Channel 1 constant: v8 0 (amax clamped to 1e-12), out = the constant.
-  const std::vector<float> q = {0.0f, 0.0f}, k = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f};
-  const std::vector<float> v = {0.0f, 7.0f, 1.0f, 7.0f, 2.0f, 7.0f, 3.0f, 7.0f};
-  std::vector<float> out(2);
-  AttentionParams p = params(q, k, v, out, 2);
-  p.precision = AttentionPrecision::kInt8QKPV;
-  reference(p);
-  EXPECT_FLOAT_EQ(out[0], 1.5f);
-  EXPECT_EQ(out[1], 7.0f);
-
-  // Two steps of kPVStep keys, the second's scores higher by log(4): the first step's P is
-  // byte 255 against its own max, then weighted by 1/4 (w_t = exp(m_t - m_last)), the
-  // second's 255. v = +1 on the first step's keys, -1 on the second's: mean 0, v8 = +-127,
-  // out = (127 / 4 - 127) / 1.25 * (1 / 127) = -0.6.
-  const int64_t keys = 2 * kPVStep;
-  std::vector<float> q1 = {std::log(4.0f)}, k1(keys), v1(keys), out1(1);
-  for (int64_t j = 0; j < keys; ++j) k1[j] = j < kPVStep ? 0.0f : 1.0f, v1[j] = j < kPVStep ? 1.0f : -1.0f;
-  AttentionParams p1 = params(q1, k1, v1, out1, 1);
-  p1.precision = AttentionPrecision::kInt8QKPV;
-  reference(p1);
-  EXPECT_NEAR(out1[0], -0.6f, 1e-6);
-  // In one step (keys in the reverse order: the higher scores first, so both steps see the
-  // same max) the weights are 255 and round(255 / 4) = 64: a step's P rounds against the
-  // running max, not the last one. Every key masked: zeros.
-  for (int64_t j = 0; j < keys; ++j) k1[j] = j < kPVStep ? 1.0f : 0.0f, v1[j] = j < kPVStep ? -1.0f : 1.0f;
-  reference(p1);
-  EXPECT_NEAR(out1[0], (64.0 - 255.0) / (64.0 + 255.0), 1e-6);
-  const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> mask(keys, -inf);
-  p1.mask = mask.data();
-  p1.mask_strides = {keys, keys, keys};
-  reference(p1);
-  EXPECT_EQ(out1[0], 0.0f);
-}
-
 TEST(AttentionValidate, RejectsBadParams) {
   AttentionParams p;
   p.batch = p.seq_q = p.seq_k = 1;
