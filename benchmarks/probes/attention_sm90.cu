@@ -1,16 +1,18 @@
 // The attention launcher (ltx_kernels::launch: the 8-bit method's quantization pass, then the
-// Hopper kernel), timed directly at LTX's, FLUX's and held-out shapes, bf16, both precisions.
-// Median of 20 launches, each after a 256 MB memset that flushes L2; CUDA events; TFLOPS count
-// 4 * B * H * Sq * Sk * D; err: the relative L2 distance of the output to the exact (bf16)
-// kernel's on the same randn-like inputs (the 8-bit methods' error, give or take bf16's 2e-3).
-// First, each precision's output at a few small shapes against the CPU reference (max |diff|
-// over max |ref|, and the relative L2 distance). PROBE_SOURCE names the
-// Hopper kernel's source: the library's, or a patched copy of it (beside the probe) to compare
-// with. Build and run on the GPU machine from the repository root (cutlass headers on the path):
+// Hopper kernel), timed directly at LTX's, FLUX's and held-out shapes, bf16, both precisions:
+// the median of 20 launches (probe_timer.cuh); TFLOPS count 4 * B * H * Sq * Sk * D; err: the
+// relative L2 distance of the output to the exact (bf16) kernel's on the same randn-like inputs
+// (the 8-bit method's error, give or take bf16's 2e-3). First, each precision's output at a few
+// small shapes against the CPU reference (max |diff| over max |ref|, and the relative L2
+// distance; PROBE_NO_CHECK skips it). PROBE_SOURCE names the Hopper kernel's source: the
+// library's, or a patched copy of it (e.g. under .scratch/, with -I.) to compare with in the
+// same call. Build and run on the GPU machine from the repository root ($CUTLASS: the
+// nvidia-cutlass wheel's cutlass_library/source/include):
 //   nvcc -std=c++17 -arch=sm_90a -O3 -DNDEBUG --expt-relaxed-constexpr -DLTX_KERNELS_WITH_CUDA \
-//     -DLTX_KERNELS_SM90A -Iinclude -Isrc -I$CUTLASS/include -DPROBE_TAG='"new"' \
+//     -DLTX_KERNELS_SM90A -I. -Iinclude -Isrc -isystem $CUTLASS -DPROBE_TAG='"new"' \
 //     -DPROBE_SOURCE='"ops/attention_sm90.cu"' -o /tmp/attention_probe benchmarks/probes/attention_sm90.cu \
-//     src/ops/attention.cu src/ops/attention_short.cu src/ops/attention_decode.cu src/ops/attention.cpp -lcuda
+//     src/ops/attention.cu src/ops/attention_short.cu src/ops/attention_decode.cu src/ops/attention.cpp \
+//     src/reference/attention.cpp -lcuda
 // PROBE_SHAPES (B,H,S,D quadruples, space-separated, e.g. "2,32,8064,64") replaces the shapes.
 // Output lines: TAG check PRECISION B H Sq Sk D: max_rel l2; TAG PRECISION B H S D: us TFLOPS err.
 #include <cuda_bf16.h>
@@ -24,29 +26,9 @@
 #include <vector>
 
 #include PROBE_SOURCE
+#include "probe_timer.cuh"
 #include "ltx_kernels/attention.h"
 using namespace ltx_kernels;
-
-static char* flush_buf;
-template <typename F>
-float time_it(F f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> ts;
-  for (int r = 0; r < 20; ++r) {
-    cudaMemsetAsync(flush_buf, r, 256 << 20);
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    ts.push_back(ms * 1000);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
 
 // Standard-normal-ish bf16 values from a fixed LCG (sums of uniforms), the same in every build.
 __global__ void fill_kernel(__nv_bfloat16* x, int64_t n, uint32_t seed) {
@@ -126,7 +108,6 @@ double rel_l2(const __nv_bfloat16* a, const __nv_bfloat16* b, long n) {
 }
 
 int main() {
-  cudaMalloc(&flush_buf, 256 << 20);
   struct Shape { long b, h, s, d; };
   std::vector<Shape> shapes = {{2, 32, 2688, 64}, {2, 32, 8064, 64}, {2, 32, 8064, 128}, {1, 24, 4608, 128},
                                {1, 32, 31680, 64}, {4, 16, 1000, 128}, {1, 8, 3333, 64}};
@@ -174,7 +155,7 @@ int main() {
         std::printf("%s error %s\n", PROBE_TAG, cudaGetErrorString(error));
         return 1;
       }
-      const float us = time_it([&] { launch(p, workspace, nullptr); });
+      const float us = probe_median_us([&] { launch(p, workspace, nullptr); }, 20);
       const double flops = 4.0 * s.b * s.h * double(s.s) * s.s * s.d;
       const double err = precision == AttentionPrecision::kExact ? 0.0 : rel_l2(out, exact, elems);
       std::printf("%s %s %ld %ld %ld %ld: %.1f us %.0f TFLOPS err %.2e\n", PROBE_TAG, name(precision), s.b, s.h,

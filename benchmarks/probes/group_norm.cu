@@ -16,30 +16,10 @@
 #include <cstdlib>
 #include <vector>
 #include PROBE_SOURCE
+#include "probe_timer.cuh"
 using namespace ltx_kernels;
 
-static char* flush_buf;
-template <typename F> float time_it(F f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> ts;
-  for (int r = 0; r < 40; ++r) {
-    cudaMemsetAsync(flush_buf, r, 256 << 20);
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    ts.push_back(ms * 1000);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
-
 int main() {
-  cudaMalloc(&flush_buf, 256 << 20);
   struct Shape { long n, c, h, w; };
   const Shape shapes[] = {{2, 320, 128, 128}, {2, 640, 64, 64}, {2, 1280, 32, 32}, {2, 1280, 8, 8},
                           {3, 96, 75, 53},    {1, 128, 256, 256}, {4, 512, 64, 64}, {2, 2560, 16, 16},
@@ -58,7 +38,7 @@ int main() {
     cudaMemset(add, 0, s.n * s.c * 2);
     cudaMemset(weight, 0x3f, s.c * 2);
     cudaMemset(bias, 0, s.c * 2);
-    const float copy = time_it([&] { cudaMemcpyAsync(out, x, elems * 2, cudaMemcpyDeviceToDevice); });
+    const float copy = probe_median_us([&] { cudaMemcpyAsync(out, x, elems * 2, cudaMemcpyDeviceToDevice); }, 40);
     for (int last = 0; last < 2; ++last) {
       for (int with_add = 0; with_add < 2; ++with_add) {
         GroupNormParams p;
@@ -80,7 +60,7 @@ int main() {
           cudaFree(workspace);
           continue;
         }
-        const float us = time_it(f);
+        const float us = probe_median_us(f, 40);
         printf("%s %s %ld %ld %ld %ld add=%d: %.1f us (%.0f GB/s) copy %.1f us\n", PROBE_TAG, last ? "nhwc" : "nchw",
                s.n, s.c, s.h, s.w, with_add, us, 2.0 * elems * 2 / (us * 1e3), copy);
         cudaFree(workspace);

@@ -21,21 +21,10 @@
 #include <vector>
 #include <algorithm>
 #include PROBE_HEADER
+#include "probe_timer.cuh"
 using namespace ltx_kernels;
 using namespace ltx_kernels::norm_cuda;
 using bf = __nv_bfloat16;
-
-static char* flush_buf;
-template <typename F> float time_it(F f) {
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  std::vector<float> ts;
-  for (int r = 0; r < 40; ++r) {
-    cudaMemsetAsync(flush_buf, r, 256 << 20);
-    cudaEventRecord(a); f(); cudaEventRecord(b); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b); ts.push_back(ms * 1000);
-  }
-  std::sort(ts.begin(), ts.end()); return ts[ts.size() / 2];
-}
 
 template <int ITEMS, int TPR, NormType TYPE, bool RES, bool MOD>
 float run(NormParams p) {
@@ -48,7 +37,7 @@ float run(NormParams p) {
 #endif
   ); };
   f(); cudaError_t e = cudaDeviceSynchronize(); if (e) { printf("err %s\n", cudaGetErrorString(e)); exit(1); }
-  return time_it(f);
+  return probe_median_us(f, 40);
 }
 
 // kind: the op's name in the output; MOD: with the scale and shift rows (AdaLN).
@@ -77,7 +66,6 @@ static std::vector<long> sizes(const char* env, std::vector<long> fallback) {
 }
 
 int main() {
-  cudaMalloc(&flush_buf, 256 << 20);
   const long maxel = 65536L * 5120;
   bf *x, *w, *b, *out, *res, *newres; cudaMalloc(&x, maxel * 2); cudaMalloc(&out, maxel * 2);
   cudaMalloc(&res, maxel * 2); cudaMalloc(&newres, maxel * 2);
@@ -96,7 +84,7 @@ int main() {
     p.rows = rows; p.cols = D; p.x = x; p.x_row_stride = D; p.weight = w; p.out = out; p.out_row_stride = D;
     p.eps = 1e-6f;
     {
-      auto us = time_it([&] { cudaMemcpyAsync(out, x, rows * D * 2, cudaMemcpyDeviceToDevice); });
+      auto us = probe_median_us([&] { cudaMemcpyAsync(out, x, rows * D * 2, cudaMemcpyDeviceToDevice); }, 40);
       printf("%s copy rows=%ld D=%ld: %.1f us (%.0f GB/s)\n", PROBE_TAG, rows, D, us, 2.0 * rows * D * 2 / (us * 1e3));
     }
     sweep<NormType::kRms, false>("rms", p);
