@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -60,51 +59,52 @@ AttentionParams params(AttentionPrecision precision, long b, long h, long sq, lo
 
 float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 
+// The relative L2 distance of `a` to `e`, and the largest |a - e| over the largest |e| (inf
+// where a holds a NaN).
+struct Distance {
+  double l2, max_rel;
+};
+Distance distance(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& e) {
+  double num = 0, den = 0, max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = to_f(a[i]), y = to_f(e[i]);
+    num += (x - y) * (x - y), den += y * y;
+    max_diff = x != x ? INFINITY : std::max(max_diff, std::fabs(x - y)), max_ref = std::max(max_ref, std::fabs(y));
+  }
+  return {std::sqrt(num / den), max_diff / max_ref};
+}
+
+std::vector<__nv_bfloat16> to_host(const __nv_bfloat16* x, long n) {
+  std::vector<__nv_bfloat16> h(n);
+  cudaMemcpy(h.data(), x, n * 2, cudaMemcpyDeviceToHost);
+  return h;
+}
+
 // Each precision at (B, H, Sq, Sk, D) against the CPU reference on the same inputs.
 void check(long b, long h, long sq, long sk, long d, int arch) {
   const long nq = b * h * sq * d, nk = b * h * sk * d;
   __nv_bfloat16 *q, *k, *v, *out;
   cudaMalloc(&q, nq * 2), cudaMalloc(&k, nk * 2), cudaMalloc(&v, nk * 2), cudaMalloc(&out, nq * 2);
   fill_kernel<<<64, 256>>>(q, nq, 11), fill_kernel<<<64, 256>>>(k, nk, 12), fill_kernel<<<64, 256>>>(v, nk, 13);
-  std::vector<__nv_bfloat16> hq(nq), hk(nk), hv(nk), hout(nq), href(nq);
-  cudaMemcpy(hq.data(), q, nq * 2, cudaMemcpyDeviceToHost);
-  cudaMemcpy(hk.data(), k, nk * 2, cudaMemcpyDeviceToHost);
-  cudaMemcpy(hv.data(), v, nk * 2, cudaMemcpyDeviceToHost);
+  const std::vector<__nv_bfloat16> hq = to_host(q, nq), hk = to_host(k, nk), hv = to_host(v, nk);
+  std::vector<__nv_bfloat16> href(nq);
   for (AttentionPrecision precision : kPrecisions) {
     AttentionParams p = params(precision, b, h, sq, sk, d, arch);
     p.q = q, p.k = k, p.v = v, p.out = out;
     void* workspace = nullptr;
-    if (workspace_bytes(p) > 0) cudaMalloc(&workspace, workspace_bytes(p));
+    if (const int64_t bytes = workspace_bytes(p); bytes > 0) cudaMalloc(&workspace, bytes);
     cudaError_t error = launch(p, workspace, nullptr);
     if (error == cudaSuccess) error = cudaDeviceSynchronize();
-    cudaMemcpy(hout.data(), out, nq * 2, cudaMemcpyDeviceToHost);
+    const std::vector<__nv_bfloat16> hout = to_host(out, nq);
     if (workspace) cudaFree(workspace);
     AttentionParams r = p;
     r.q = hq.data(), r.k = hk.data(), r.v = hv.data(), r.out = href.data();
     reference(r);
-    double num = 0, den = 0, max_diff = 0, max_ref = 0;
-    for (long i = 0; i < nq; ++i) {
-      const double a = to_f(hout[i]), e = to_f(href[i]);
-      num += (a - e) * (a - e), den += e * e;
-      max_diff = std::max(max_diff, std::fabs(a - e)), max_ref = std::max(max_ref, std::fabs(e));
-      if (a != a) max_diff = INFINITY;
-    }
+    const Distance dist = distance(hout, href);
     std::printf("%s check %s %ld %ld %ld %ld %ld: %s max_rel %.2e l2 %.2e\n", PROBE_TAG, name(precision), b, h, sq,
-                sk, d, cudaGetErrorString(error), max_diff / max_ref, std::sqrt(num / den));
+                sk, d, cudaGetErrorString(error), dist.max_rel, dist.l2);
   }
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out);
-}
-
-double rel_l2(const __nv_bfloat16* a, const __nv_bfloat16* b, long n) {
-  std::vector<__nv_bfloat16> ha(n), hb(n);
-  cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost);
-  cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost);
-  double num = 0, den = 0;
-  for (long i = 0; i < n; ++i) {
-    const double x = to_f(ha[i]), y = to_f(hb[i]);
-    num += (x - y) * (x - y), den += y * y;
-  }
-  return std::sqrt(num / den);
 }
 
 int main() {
@@ -157,7 +157,7 @@ int main() {
       }
       const float us = probe_median_us([&] { launch(p, workspace, nullptr); }, 20);
       const double flops = 4.0 * s.b * s.h * double(s.s) * s.s * s.d;
-      const double err = precision == AttentionPrecision::kExact ? 0.0 : rel_l2(out, exact, elems);
+      const double err = precision == AttentionPrecision::kExact ? 0.0 : distance(to_host(out, elems), to_host(exact, elems)).l2;
       std::printf("%s %s %ld %ld %ld %ld: %.1f us %.0f TFLOPS err %.2e\n", PROBE_TAG, name(precision), s.b, s.h,
                   s.s, s.d, us, flops / us * 1e-6, err);
       std::fflush(stdout);

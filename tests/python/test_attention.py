@@ -148,9 +148,15 @@ def test_nan_propagates(precision):
     """A NaN in q makes its row NaN (bf16) or its 64-row quantization block's rows (8-bit,
     through the block scale); rows elsewhere stay finite. A NaN is not a masked key."""
     q, k, v = qkv((1, 1, 1, 130, 20, 8), torch.float32, seed=9)
+    assert_nan_row_70_propagates(q, k, v, precision)
+
+
+def assert_nan_row_70_propagates(q, k, v, precision):
+    """A NaN in row 70 of q (one head, 130 rows) makes that row NaN, or in 8 bits its 64-row
+    quantization block's; the other rows stay finite."""
     q[0, 0, 70, 5] = float("nan")
     nan_rows = ltx_kernels.attention(q, k, v, precision=precision)[0, 0].isnan().all(dim=-1)
-    expected = torch.zeros(130, dtype=torch.bool)
+    expected = torch.zeros(130, dtype=torch.bool, device=q.device)
     expected[70] = True
     if precision == "8bit":
         expected[64:128] = True
@@ -362,14 +368,7 @@ def test_cuda_matches_the_formula(precision, dtype, shape):
 def test_cuda_nan_propagates(precision, dtype, d):
     """As test_nan_propagates, on the kernels that walk the keys (200 keys, 130 rows): the NaN
     survives the rounding of P for the tensor cores and the row sums."""
-    q, k, v = qkv((1, 1, 1, 130, 200, d), dtype, seed=9)
-    q[0, 0, 70, 5] = float("nan")
-    nan_rows = ltx_kernels.attention(*on_cuda(q, k, v), precision=precision)[0, 0].isnan().all(dim=-1)
-    expected = torch.zeros(130, dtype=torch.bool, device="cuda")
-    expected[70] = True
-    if precision == "8bit":
-        expected[64:128] = True
-    assert torch.equal(nan_rows, expected)
+    assert_nan_row_70_propagates(*on_cuda(*qkv((1, 1, 1, 130, 200, d), dtype, seed=9)), precision)
 
 
 @cuda
